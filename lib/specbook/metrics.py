@@ -1,0 +1,223 @@
+"""`/metrics` snapshots and label-filtered counter deltas (spec-decode AL, tokens, requests).
+
+Counters are cumulative since the server started, so a measurement is always the difference of two
+snapshots taken around it; a counter that went down means the server restarted in between.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from specbook.errors import MetricsError
+
+SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+SPEC_DECODE_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GENERATION_TOKENS = "vllm:generation_tokens"
+PROMPT_TOKENS = "vllm:prompt_tokens"
+REQUEST_SUCCESS = "vllm:request_success"
+
+# prometheus_client names a counter family without `_total` and its sample with it (plus a `_created`
+# sample we never want); callers may use either spelling.
+_COUNTER_SUFFIX = "_total"
+
+
+def _base_name(name: str) -> str:
+    return name[: -len(_COUNTER_SUFFIX)] if name.endswith(_COUNTER_SUFFIX) else name
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(self.labels.get(k) == v for k, v in labels.items())
+
+
+@dataclass
+class MetricsSnapshot:
+    """Every sample of one `/metrics` scrape, with the time it was taken."""
+
+    timestamp: datetime
+    samples: list[Sample]
+    base_url: str | None = None
+    types: dict[str, str] = field(default_factory=dict)  # family name -> counter/gauge/histogram/...
+
+    @classmethod
+    def from_text(cls, text: str, *, timestamp: datetime | None = None, base_url: str | None = None) -> MetricsSnapshot:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        samples: list[Sample] = []
+        types: dict[str, str] = {}
+        try:
+            for family in text_string_to_metric_families(text):
+                types[family.name] = family.type
+                for s in family.samples:
+                    if s.name.endswith("_created"):
+                        continue  # creation time, not a measurement
+                    samples.append(Sample(s.name, dict(s.labels), float(s.value)))
+        except ValueError as exc:
+            raise MetricsError(f"/metrics text from {base_url or 'input'} does not parse: {exc}") from exc
+        return cls(timestamp or datetime.now(timezone.utc), samples, base_url, types)
+
+    def select(self, name: str, **labels: Any) -> list[Sample]:
+        """Samples of `name` (with or without `_total`) whose labels match; a None label is not filtered."""
+        wanted = {k: str(v) for k, v in labels.items() if v is not None}
+        base = _base_name(name)
+        return [s for s in self.samples if _base_name(s.name) == base and s.matches(wanted)]
+
+    def value(self, name: str, **labels: Any) -> float | None:
+        """Sum of the matching samples, None when there is none."""
+        found = self.select(name, **labels)
+        return math.fsum(s.value for s in found) if found else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp.isoformat(),
+            "base_url": self.base_url,
+            "types": self.types,
+            "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in self.samples],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsSnapshot:
+        return cls(
+            timestamp=datetime.fromisoformat(data["timestamp"]),
+            samples=[Sample(s["name"], dict(s["labels"]), float(s["value"])) for s in data["samples"]],
+            base_url=data.get("base_url"),
+            types=dict(data.get("types", {})),
+        )
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            [{"name": s.name, "labels": s.labels, "value": s.value} for s in self.samples],
+            columns=["name", "labels", "value"],
+        )
+
+
+def scrape(base_url: str, timeout: float = 10) -> MetricsSnapshot:
+    """GET {base_url}/metrics and parse it."""
+    import httpx
+
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        response = httpx.get(url, timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise MetricsError(f"cannot scrape {url}: {exc}") from exc
+    return MetricsSnapshot.from_text(response.text, timestamp=datetime.now(timezone.utc), base_url=base_url)
+
+
+def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: Any) -> float | None:
+    """after - before of a counter summed over matching samples; None when `after` has no such sample.
+
+    A sample absent from `before` counts as 0 (vLLM creates some labelled counters lazily).
+    """
+    end = after.value(name, **labels)
+    if end is None:
+        return None
+    start = before.value(name, **labels) or 0.0
+    delta = end - start
+    if delta < 0:
+        raise MetricsError(
+            f"counter {name} {labels or ''} went down from {start} to {end} between "
+            f"{before.timestamp.isoformat()} and {after.timestamp.isoformat()}: the server restarted"
+        )
+    return delta
+
+
+@dataclass
+class SpecDecodeDelta:
+    """Spec-decode counters accrued between two snapshots."""
+
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: list[int]
+    generation_tokens: int | None = None
+    prompt_tokens: int | None = None
+    requests_succeeded: int | None = None
+    requests_by_finish_reason: dict[str, int] = field(default_factory=dict)
+    interval_s: float | None = None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens per verification step, the bonus token included: 1 + accepted / drafts."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        if not self.drafts:
+            return [math.nan] * len(self.accepted_per_position)
+        return [a / self.drafts for a in self.accepted_per_position]
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return len(self.accepted_per_position)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
+            "generation_tokens": self.generation_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "requests_succeeded": self.requests_succeeded,
+            "requests_by_finish_reason": dict(self.requests_by_finish_reason),
+            "interval_s": self.interval_s,
+            "acceptance_length": self.acceptance_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "draft_acceptance_rate": self.draft_acceptance_rate,
+        }
+
+
+def _int_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: Any) -> int | None:
+    delta = counter_delta(before, after, name, **labels)
+    return None if delta is None else int(round(delta))
+
+
+def spec_decode_delta(
+    before: MetricsSnapshot,
+    after: MetricsSnapshot,
+    model_name: str | None = None,
+    engine: str | int | None = None,
+) -> SpecDecodeDelta:
+    """Spec-decode counters between two snapshots, for one served model and engine when given.
+
+    Without speculation the counters are absent: every count is then 0 and acceptance_length None.
+    """
+    labels = {"model_name": model_name, "engine": engine}
+    positions = sorted(
+        {int(s.labels["position"]) for s in after.select(SPEC_DECODE_ACCEPTED_PER_POS, **labels) if "position" in s.labels}
+    )
+    per_position = [
+        _int_delta(before, after, SPEC_DECODE_ACCEPTED_PER_POS, position=str(p), **labels) or 0 for p in positions
+    ]
+    by_reason: dict[str, int] = {}
+    for reason in sorted({s.labels.get("finished_reason", "") for s in after.select(REQUEST_SUCCESS, **labels)}):
+        if reason:
+            by_reason[reason] = _int_delta(before, after, REQUEST_SUCCESS, finished_reason=reason, **labels) or 0
+    return SpecDecodeDelta(
+        drafts=_int_delta(before, after, SPEC_DECODE_DRAFTS, **labels) or 0,
+        draft_tokens=_int_delta(before, after, SPEC_DECODE_DRAFT_TOKENS, **labels) or 0,
+        accepted_tokens=_int_delta(before, after, SPEC_DECODE_ACCEPTED_TOKENS, **labels) or 0,
+        accepted_per_position=per_position,
+        generation_tokens=_int_delta(before, after, GENERATION_TOKENS, **labels),
+        prompt_tokens=_int_delta(before, after, PROMPT_TOKENS, **labels),
+        requests_succeeded=_int_delta(before, after, REQUEST_SUCCESS, **labels),
+        requests_by_finish_reason=by_reason,
+        interval_s=(after.timestamp - before.timestamp).total_seconds(),
+    )

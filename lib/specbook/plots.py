@@ -1,0 +1,91 @@
+"""Figures for the reports: seaborn on frames the analysis modules computed. No computation here."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # reports render headless; inline display in Jupyter still works via the figure
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+sns.set_theme(style="whitegrid", context="notebook")
+
+
+def al_over_time(intervals: pd.DataFrame, kept: pd.DataFrame, *, col_wrap: int = 4):
+    """Interval AL against seconds since the run's first interval, one panel per run; the steady
+    window (first to last kept interval) shaded, dropped intervals drawn hollow."""
+    runs = list(dict.fromkeys(intervals["run_id"]))
+    ncols = min(col_wrap, len(runs)) or 1
+    nrows = -(-len(runs) // ncols) or 1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.8 * nrows), sharey=True, squeeze=False)
+    kept_lines = set(zip(kept["run_id"], kept["line_no"], strict=False))
+    for ax, run_id in zip(axes.flat, runs, strict=False):
+        part = intervals[intervals["run_id"] == run_id]
+        is_kept = [(run_id, ln) in kept_lines for ln in part["line_no"]]
+        steady = part[is_kept]
+        if len(steady):
+            ax.axvspan(steady["t_s"].min(), steady["t_s"].max(), color="tab:green", alpha=0.12, lw=0)
+        ax.plot(part["t_s"], part["mean_acceptance_length"], color="0.6", lw=0.8)
+        ax.scatter(steady["t_s"], steady["mean_acceptance_length"], s=14, color="tab:blue", label="steady")
+        dropped = part[[not k for k in is_kept]]
+        ax.scatter(dropped["t_s"], dropped["mean_acceptance_length"], s=14, facecolors="none",
+                   edgecolors="tab:red", label="dropped")
+        arm = part["arm"].iloc[0] if "arm" in part and len(part) else ""
+        ax.set_title(f"{run_id}\n({arm})", fontsize=9)
+        ax.set_xlabel("s since first interval")
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    axes.flat[0].set_ylabel("interval AL")
+    axes.flat[0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def arm_distribution(run_al: pd.DataFrame, value_col: str):
+    """One point per run (sweep) per arm, over a box of the arm's spread."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * run_al["arm"].nunique()), 3.6))
+    order = list(dict.fromkeys(run_al.sort_values("order")["arm"])) if "order" in run_al else None
+    sns.boxplot(data=run_al, x="arm", y=value_col, order=order, color="0.9", ax=ax, width=0.5, fliersize=0)
+    sns.stripplot(data=run_al, x="arm", y=value_col, order=order, hue="sweep" if "sweep" in run_al else None,
+                  ax=ax, size=7, jitter=0.08, palette="deep")
+    ax.set_ylabel(value_col.replace("_", " "))
+    ax.set_xlabel("")
+    fig.tight_layout()
+    return fig
+
+
+def cut_sensitivity(sensitivity: pd.DataFrame):
+    """Arm AL as the load cut moves (fraction of the target concurrency that must be running)."""
+    arms = sensitivity[sensitivity["scope"] == "arm"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    sns.lineplot(data=arms, x="fraction", y="al", hue="arm", marker="o", ax=ax)
+    ax.set_xlabel("min running fraction of target concurrency")
+    ax.set_ylabel("AL (mean over runs)")
+    fig.tight_layout()
+    return fig
+
+
+def per_position(per_pos: pd.DataFrame):
+    """Acceptance rate at each draft position, per arm (mean over runs, bars = run spread)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    sns.lineplot(data=per_pos, x="position", y="acceptance", hue="arm", marker="o", errorbar=("pi", 100), ax=ax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xticks(sorted(per_pos["position"].unique()))
+    ax.set_ylabel("accepted / drafts")
+    fig.tight_layout()
+    return fig
+
+
+def accuracy(acc: pd.DataFrame):
+    """Pooled accuracy per arm with its Wilson interval."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(acc)), 3.2))
+    ax.bar(acc["arm"], acc["pooled_accuracy"], color="tab:blue", alpha=0.7)
+    ax.errorbar(acc["arm"], acc["pooled_accuracy"],
+                yerr=[acc["pooled_accuracy"] - acc["wilson_low"], acc["wilson_high"] - acc["pooled_accuracy"]],
+                fmt="none", ecolor="k", capsize=4)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("GSM8K accuracy (pooled)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,440 @@
+"""The book runner: validate params, make the run folder, execute the notebook, render the report.
+
+A run folder holds params.yaml (validated, resolved), manifest.json, report.ipynb, report.html,
+data/*.parquet (raw frames the notebook saved), logs/*.log (server logs) and servers.jsonl.
+A failed cell still leaves all of it: papermill saves the notebook with the error cell, the html
+is rendered from it and the manifest names the cell.
+
+Notebooks run with cwd = the run folder, so anything a cell writes by relative path stays in it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbook import __version__
+from specbook.errors import NotebookExecutionError, RunError
+from specbook.params import dump_params, load_params, params_display_name, params_hash
+from specbook.paths import outputs_dir, project_root
+from specbook.provenance import (
+    MANIFEST_NAME,
+    FailedCell,
+    Manifest,
+    RenderRecord,
+    RunContext,
+    file_sha256,
+    git_info,
+    hardware_fingerprint,
+    iso_utc,
+    library_versions,
+    python_info,
+    read_manifest,
+    utc_now,
+    write_manifest,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "NOTEBOOK_PARAMETERS",
+    "RunContext",
+    "RunResult",
+    "check_kernel",
+    "check_notebook",
+    "list_runs",
+    "make_run_dir",
+    "render_html",
+    "render_run",
+    "run_experiment",
+]
+
+# The names a book notebook's `parameters` cell must define (the runner injects their values).
+NOTEBOOK_PARAMETERS = ("params_file", "run_dir", "reuse_data")
+REPORT_IPYNB = "report.ipynb"
+REPORT_HTML = "report.html"
+PARAMS_YAML = "params.yaml"
+RUN_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    status: str
+    failed_cell: FailedCell | None
+    report_ipynb: Path
+    report_html: Path | None
+    manifest: Manifest
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks made before any folder exists
+
+
+def check_kernel(kernel: str) -> None:
+    """The Jupyter kernel must be registered; say how to register it if not."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(kernel)
+    except NoSuchKernel:
+        raise RunError(
+            f"Jupyter kernel {kernel!r} is not registered; register it for this environment with:\n"
+            f"  python -m ipykernel install --sys-prefix --name {kernel}"
+        ) from None
+
+
+def _parameters_cell_index(nb: Any) -> int | None:
+    for i, cell in enumerate(nb.cells):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            return i
+    return None
+
+
+def check_notebook(path: str | os.PathLike[str]) -> None:
+    """A book notebook exists and has a `parameters` cell defining params_file, run_dir, reuse_data."""
+    import nbformat
+
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: notebook not found")
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # nbformat raises several unrelated types for a bad file
+        raise RunError(f"{path}: not a readable notebook: {exc}") from None
+    idx = _parameters_cell_index(nb)
+    if idx is None:
+        raise RunError(
+            f"{path}: no cell tagged 'parameters' (it must define {', '.join(NOTEBOOK_PARAMETERS)})"
+        )
+    source = nb.cells[idx].source
+    missing = [n for n in NOTEBOOK_PARAMETERS if not re.search(rf"^\s*{n}\s*=", source, re.MULTILINE)]
+    if missing:
+        raise RunError(f"{path}: the 'parameters' cell does not define {', '.join(missing)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Run folder
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", text).strip("-.") or "params"
+
+
+def make_run_dir(
+    experiment_dir: str | os.PathLike[str], started: datetime, params_name: str, short_sha: str
+) -> Path:
+    """Create `<UTC time>-<params name>-<short sha>/` under experiment_dir; never reuse a folder (-2, -3 ...)."""
+    base = Path(experiment_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    stem = f"{started.strftime(RUN_TIME_FORMAT)}-{_slug(params_name)}-{short_sha}"
+    for n in range(1, 10_000):
+        cand = base / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            cand.mkdir()  # atomic: two runners started in the same second cannot share a folder
+            return cand
+        except FileExistsError:
+            continue
+    raise RunError(f"{base}: too many run folders named {stem}-*")
+
+
+def _relative_to_root(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(project_root().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+# --------------------------------------------------------------------------------------------------
+# Execution and rendering
+
+
+def _failed_cell_from(exc: Any, source_nb_path: Path) -> FailedCell:
+    """Map papermill's error (indices in the executed notebook) back to the source notebook's cell."""
+    import nbformat
+
+    report_index = getattr(exc, "cell_index", None)
+    notebook_index = report_index
+    if report_index is not None:
+        params_idx = _parameters_cell_index(nbformat.read(source_nb_path, as_version=4))
+        injected_at = 0 if params_idx is None else params_idx + 1  # papermill's injected-parameters cell
+        if report_index == injected_at:
+            notebook_index = None
+        elif report_index > injected_at:
+            notebook_index = report_index - 1
+    source = getattr(exc, "source", "") or ""
+    first_line = next((ln.strip() for ln in source.splitlines() if ln.strip()), "")
+    return FailedCell(
+        report_index=report_index,
+        notebook_index=notebook_index,
+        exec_count=getattr(exc, "exec_count", None),
+        first_line=first_line[:200],
+        ename=str(getattr(exc, "ename", type(exc).__name__)),
+        evalue=str(getattr(exc, "evalue", exc))[:2000],
+    )
+
+
+def _execute(
+    notebook: Path, run_dir: Path, kernel: str, reuse_data: bool, progress: bool
+) -> tuple[FailedCell | None, str | None]:
+    """Run the notebook into run_dir/report.ipynb. Returns (failed cell, error) — both None when ok."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    parameters = {
+        "params_file": str(run_dir / PARAMS_YAML),
+        "run_dir": str(run_dir),
+        "reuse_data": reuse_data,
+    }
+    try:
+        papermill.execute_notebook(
+            str(notebook),
+            str(run_dir / REPORT_IPYNB),
+            parameters=parameters,
+            kernel_name=kernel,
+            progress_bar=progress,
+            cwd=str(run_dir),
+        )
+    except PapermillExecutionError as exc:
+        failed = _failed_cell_from(exc, notebook)
+        return failed, failed.describe()
+    except Exception as exc:  # a dead kernel or a timeout: still finalize what we have
+        return None, f"{type(exc).__name__}: {exc}"
+    return None, None
+
+
+def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) -> Path:
+    """report.html beside the notebook, inputs hidden: the report shows results, not code."""
+    from nbconvert import HTMLExporter
+
+    src = Path(report_ipynb)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    resources = {"metadata": {"name": title or src.stem}}
+    body, _ = exporter.from_filename(str(src), resources=resources)
+    out = src.with_suffix(".html")
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:
+    report = run_dir / REPORT_IPYNB
+    if not report.exists():
+        return None, None
+    try:
+        return render_html(report, title), None
+    except Exception as exc:  # a render failure must not hide the run's own status
+        return None, f"html render failed: {type(exc).__name__}: {exc}"
+
+
+def _collect_servers(manifest: Manifest, run_dir: Path) -> None:
+    servers = RunContext(run_dir).servers()
+    manifest.servers = servers
+    manifest.engine_versions = {s.name: s.versions for s in servers}
+
+
+def _join_errors(*errors: str | None) -> str | None:
+    parts = [e for e in errors if e]
+    return "; ".join(parts) if parts else None
+
+
+def _raise_if_failed(result: RunResult, what: str) -> RunResult:
+    if result.status == "ok":
+        return result
+    detail = result.manifest.error or "unknown error"
+    err = NotebookExecutionError(
+        f"{what} failed: {detail}\n  run folder: {result.run_dir}\n  report: {result.report_html or result.report_ipynb}"
+    )
+    err.result = result  # type: ignore[attr-defined]  # the CLI prints the folder from it
+    raise err
+
+
+def run_experiment(
+    name: str,
+    params_file: str | os.PathLike[str],
+    overrides: list[str] | tuple[str, ...] = (),
+    outputs_root: str | os.PathLike[str] | None = None,
+    notebook: str | os.PathLike[str] | None = None,
+    kernel: str = "specbook",
+    progress: bool = True,
+) -> RunResult:
+    """Run experiment `name` with the params in `params_file`; raises NotebookExecutionError if a cell fails.
+
+    Params, notebook and kernel are checked before the run folder is made, so bad input leaves nothing.
+    """
+    from specbook.experiments.registry import get_experiment
+
+    spec = get_experiment(name)
+    params = load_params(spec.params_model, params_file, list(overrides))
+    nb_path = Path(notebook).resolve() if notebook else spec.notebook_path()
+    check_notebook(nb_path)
+    check_kernel(kernel)
+
+    git = git_info(project_root())
+    started = utc_now()
+    t0 = time.monotonic()
+    params_name = params_display_name(params, params_file)
+    root = Path(outputs_root) if outputs_root else outputs_dir()
+    run_dir = make_run_dir(root / name, started, params_name, git.short_sha).resolve()
+    dump_params(params, run_dir / PARAMS_YAML)
+    RunContext(run_dir)  # data/ and logs/ exist before the first cell runs
+
+    manifest = Manifest(
+        run_id=run_dir.name,
+        experiment=name,
+        started_at=iso_utc(started),
+        params_file=_relative_to_root(Path(params_file)),
+        overrides=list(overrides),
+        params_name=params_name,
+        params=params.model_dump(mode="json"),
+        params_hash=params_hash(params),
+        notebook=str(nb_path),
+        notebook_sha256=file_sha256(nb_path),
+        kernel=kernel,
+        git=git,
+        specbook_version=__version__,
+        python=python_info(),
+        libraries=library_versions(),
+        hardware=hardware_fingerprint(),
+    )
+    write_manifest(run_dir, manifest)
+
+    try:
+        failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress)
+    except BaseException as exc:  # Ctrl-C: record it, then let it through
+        manifest.status, manifest.error = "failed", f"interrupted: {type(exc).__name__}"
+        _finalize(manifest, run_dir, t0)
+        raise
+    manifest.failed_cell = failed_cell
+    manifest.status = "failed" if error else "ok"
+    html, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
+    manifest.error = _join_errors(error, render_error)
+    _finalize(manifest, run_dir, t0)
+    result = RunResult(run_dir, manifest.status, failed_cell, run_dir / REPORT_IPYNB, html, manifest)
+    return _raise_if_failed(result, f"run of {name}")
+
+
+def _finalize(manifest: Manifest, run_dir: Path, t0: float) -> None:
+    manifest.ended_at = iso_utc(utc_now())
+    manifest.duration_s = round(time.monotonic() - t0, 3)
+    _collect_servers(manifest, run_dir)
+    write_manifest(run_dir, manifest)
+
+
+def _render_notebook(manifest: Manifest, notebook: str | os.PathLike[str] | None) -> Path:
+    """The notebook to re-render with: the one asked for, else the one the run used, else the registered one."""
+    if notebook:
+        return Path(notebook).resolve()
+    recorded = Path(manifest.notebook)
+    if recorded.is_file():
+        return recorded
+    from specbook.experiments.registry import get_experiment
+
+    return get_experiment(manifest.experiment).notebook_path()
+
+
+def render_run(
+    run_dir: str | os.PathLike[str],
+    notebook: str | os.PathLike[str] | None = None,
+    kernel: str | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Re-execute a run's notebook on its saved data (reuse_data=True, no server) and re-render the html.
+
+    The previous report is kept as report.prev.ipynb / report.prev.html (an older .prev is replaced);
+    the manifest's status stays the collection's, each render is appended to manifest.renders.
+    """
+    run_dir = Path(run_dir).resolve()
+    manifest = read_manifest(run_dir)
+    nb_path = _render_notebook(manifest, notebook)
+    check_notebook(nb_path)
+    kernel = kernel or manifest.kernel
+    check_kernel(kernel)
+    if not (run_dir / PARAMS_YAML).is_file():
+        raise RunError(f"{run_dir / PARAMS_YAML}: missing; cannot re-render without the run's params")
+
+    for name in (REPORT_IPYNB, REPORT_HTML):
+        cur = run_dir / name
+        if cur.exists():
+            os.replace(cur, cur.with_name(cur.stem + ".prev" + cur.suffix))
+
+    failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=True, progress=progress)
+    html, render_error = _try_render(run_dir, f"{manifest.experiment} {manifest.run_id}")
+    status = "failed" if error or render_error else "ok"
+    manifest.renders.append(
+        RenderRecord(
+            at=iso_utc(utc_now()),
+            notebook=str(nb_path),
+            notebook_sha256=file_sha256(nb_path),
+            status=status,
+            failed_cell=failed_cell,
+        )
+    )
+    write_manifest(run_dir, manifest)
+    # the returned manifest carries the render's outcome; the file keeps the collection's status
+    view = manifest.model_copy(
+        update={"status": status, "failed_cell": failed_cell, "error": _join_errors(error, render_error)}
+    )
+    result = RunResult(run_dir, status, failed_cell, run_dir / REPORT_IPYNB, html, view)
+    return _raise_if_failed(result, f"render of {run_dir.name}")
+
+
+RUN_COLUMNS = [
+    "experiment",
+    "run_id",
+    "status",
+    "started_at",
+    "duration_s",
+    "params_name",
+    "params_hash",
+    "git_sha",
+    "git_dirty",
+    "renders",
+    "run_dir",
+]
+
+
+def list_runs(outputs_root: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """One row per run folder under outputs_root/EXPERIMENT/, oldest first; unreadable manifests show as such."""
+    import pandas as pd
+
+    root = Path(outputs_root) if outputs_root else outputs_dir()
+    rows = []
+    for path in sorted(root.glob(f"*/*/{MANIFEST_NAME}")):
+        run_dir = path.parent
+        try:
+            m = read_manifest(run_dir)
+        except RunError:
+            rows.append(
+                {
+                    "experiment": run_dir.parent.name,
+                    "run_id": run_dir.name,
+                    "status": "unreadable",
+                    "run_dir": str(run_dir),
+                }
+            )
+            continue
+        rows.append(
+            {
+                "experiment": m.experiment,
+                "run_id": m.run_id,
+                "status": m.status,
+                "started_at": m.started_at,
+                "duration_s": m.duration_s,
+                "params_name": m.params_name,
+                "params_hash": m.params_hash[:12],
+                "git_sha": m.git.short_sha,
+                "git_dirty": m.git.dirty,
+                "renders": len(m.renders),
+                "run_dir": str(run_dir),
+            }
+        )
+    frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    return frame.sort_values(["started_at", "run_id"], na_position="first", kind="stable").reset_index(
+        drop=True
+    )

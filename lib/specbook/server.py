@@ -1,0 +1,364 @@
+"""Engine server lifecycle: launch from a typed spec, `Env:` line first in the log, readiness, teardown.
+
+A server runs in its own session (so one signal reaches its whole process group) and is torn down
+by group *and* by every descendant found with psutil, because engines such as vLLM spawn
+engine-core workers that may leave the group. Teardown verifies that nothing survived.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import deque
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+from pydantic import BaseModel, ConfigDict, Field
+
+from specbook.errors import ServerStartError, ServerTeardownError
+
+# Env names whose values never reach a log or manifest.
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+REDACTED = "***"
+# Marker put into every launched server's environment: descendants inherit it, so teardown finds
+# even processes that left both the process group and the session. Not written to the Env line.
+MARKER_ENV = "SPECBOOK_SERVER_ID"
+LOG_TAIL_LINES = 40
+TERM_GRACE_S = 20.0
+KILL_GRACE_S = 10.0
+_POLL_S = 0.5
+
+
+class ServerSpec(BaseModel):
+    """What to launch and how to tell it is ready. `env` overrides the parent environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    unset_env: list[str] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(gt=0, lt=65536)
+    health_path: str | None = "/health"
+    models_path: str | None = "/v1/models"
+    ready_timeout_s: float = Field(default=600, gt=0)
+    log_path: Path
+    cwd: Path | None = None
+    # The name clients must send as "model" (engine adapters fill it in); None when unknown.
+    model_name: str | None = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Copy of `env` with the values of secret-looking names (TOKEN, KEY, SECRET, PASSWORD) replaced by ***."""
+    return {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def env_diff(child: dict[str, str], parent: dict[str, str]) -> dict[str, str]:
+    """Variables of `child` that are new or changed relative to `parent` (unredacted)."""
+    return {k: v for k, v in child.items() if parent.get(k) != v}
+
+
+def _format_env_line(env: dict[str, str]) -> str:
+    try:
+        from specbook.logparse import format_env_line
+    except ImportError:  # logparse not there yet: same format it parses
+        return "Env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return format_env_line(env)
+
+
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    """The last `n` lines of a text file ('' if it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return "".join(deque(fh, maxlen=n)).rstrip("\n")
+    except FileNotFoundError:
+        return ""
+
+
+def _keep_old_log(path: Path) -> None:
+    """Move an existing log aside (name.1.log, name.2.log, ...) so a relaunch never erases it."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    i = 1
+    while (old := path.with_name(f"{path.stem}.{i}{path.suffix}")).exists():
+        i += 1
+    path.rename(old)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    # PID 1 of a container may never reap orphans: a zombie is dead for our purpose.
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"pid {p.pid} ({' '.join(p.cmdline())[:120]})")
+        except psutil.Error:
+            out.append(f"pid {p.pid}")
+    return ", ".join(out)
+
+
+_LIVE_SERVERS: set[ManagedServer] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    # A crashed notebook or test must not leave an engine eating the cores.
+    for srv in list(_LIVE_SERVERS):
+        try:
+            srv.stop()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+class ManagedServer:
+    """One engine server process tree. `with ManagedServer(spec) as srv:` starts, waits ready, tears down."""
+
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        self.argv: list[str] = list(spec.argv)
+        self.log_path: Path = Path(spec.log_path)
+        self.launched_env: dict[str, str] = {}
+        self.started_at: datetime | None = None
+        self.stopped_at: datetime | None = None
+        self.ready_s: float | None = None
+        self.returncode: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_fh: IO[str] | None = None
+        self._t0 = 0.0
+        self._marker = uuid.uuid4().hex
+        self._known: dict[int, psutil.Process] = {}
+
+    # -- properties -------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def model_name(self) -> str | None:
+        return self.spec.model_name
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        if self._log_fh:
+            self._log_fh.flush()
+        return tail_lines(self.log_path, n)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> ManagedServer:
+        """Launch the process (new session), log to `log_path` after one `Env:` line. Does not wait."""
+        if self._proc is not None:
+            raise ServerStartError(f"server {self.name!r} was already started (pid {self.pid})")
+        parent = dict(os.environ)
+        child = {k: v for k, v in parent.items() if k not in set(self.spec.unset_env)}
+        child.update(self.spec.env)
+        # What the launcher set, even when equal to the parent's value, plus whatever differs.
+        launched = env_diff(child, parent) | {k: child[k] for k in self.spec.env}
+        self.launched_env = redact_env(dict(sorted(launched.items())))
+        child[MARKER_ENV] = self._marker
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _keep_old_log(self.log_path)
+        self._log_fh = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - lives with the process
+        self._log_fh.write(_format_env_line(self.launched_env) + "\n")
+        self._log_fh.flush()
+        self.started_at = datetime.now(timezone.utc)
+        self._t0 = time.monotonic()
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_fh,
+                stderr=subprocess.STDOUT,
+                env=child,
+                cwd=self.spec.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._log_fh.close()
+            self._log_fh = None
+            raise ServerStartError(
+                f"server {self.name!r} could not be launched ({exc}): argv[0]={self.argv[0]!r}",
+                log_path=str(self.log_path),
+            ) from exc
+        _LIVE_SERVERS.add(self)
+        return self
+
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        """Poll health, then the model list, while the process lives; returns seconds since start.
+
+        On death or timeout the server is torn down and ServerStartError carries the log tail.
+        """
+        if self._proc is None:
+            raise ServerStartError(f"server {self.name!r} was never started")
+        timeout = self.spec.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = self._t0 + timeout
+        paths = [p for p in (self.spec.health_path, self.spec.models_path) if p]
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=5.0, trust_env=False) as http:
+                for path in paths:
+                    self._poll_until_ok(http, path, deadline, timeout)
+        except BaseException as exc:  # also KeyboardInterrupt: never leave the engine behind
+            try:
+                self.stop()
+            except ServerTeardownError as td:
+                raise td from exc
+            raise
+        self.ready_s = time.monotonic() - self._t0
+        return self.ready_s
+
+    def _poll_until_ok(self, http: httpx.Client, path: str, deadline: float, timeout: float) -> None:
+        last = "no answer yet"
+        while True:
+            code = self._proc.poll() if self._proc else None
+            if code is not None:
+                self.returncode = code
+                raise ServerStartError(
+                    f"server {self.name!r} (pid {self.pid}) exited with code {code} before it was ready",
+                    log_path=str(self.log_path),
+                    log_tail=self.log_tail(),
+                )
+            try:
+                resp = http.get(path)
+                if resp.status_code == 200:
+                    return
+                last = f"HTTP {resp.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"server {self.name!r} (pid {self.pid}) not ready after {timeout:.0f} s: "
+                    f"GET {self.base_url}{path} -> {last}",
+                    log_path=str(self.log_path),
+                    log_tail=self.log_tail(),
+                )
+            time.sleep(_POLL_S)
+
+    def _descendants(self) -> list[psutil.Process]:
+        """Every live process of this server: the tree under the root, its session, and marker holders."""
+        found: dict[int, psutil.Process] = {}
+        if self._proc is not None:
+            try:
+                root = psutil.Process(self._proc.pid)
+                found[root.pid] = root
+                for ch in root.children(recursive=True):
+                    found[ch.pid] = ch
+            except psutil.NoSuchProcess:
+                pass
+        sid = self._proc.pid if self._proc is not None else None
+        for p in psutil.process_iter():
+            if p.pid in found or p.pid == os.getpid():
+                continue
+            try:
+                if sid is not None and os.getsid(p.pid) == sid:
+                    found[p.pid] = p
+                elif p.environ().get(MARKER_ENV) == self._marker:
+                    found[p.pid] = p
+            except (psutil.Error, OSError):
+                continue
+        # Keep processes seen earlier: once the root dies its orphans lose the tree link.
+        for pid, p in found.items():
+            self._known.setdefault(pid, p)
+        return [p for p in self._known.values() if _alive(p)]
+
+    def _signal_all(self, sig: int, procs: list[psutil.Process]) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, sig)  # the session leader's pid is the group id
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def _wait_gone(self, grace_s: float) -> list[psutil.Process]:
+        end = time.monotonic() + grace_s
+        while True:
+            if self._proc is not None:
+                self._proc.poll()  # reap our own child so it does not linger as a zombie
+            alive = self._descendants()
+            if not alive or time.monotonic() >= end:
+                return alive
+            time.sleep(0.2)
+
+    def stop(self, term_grace_s: float = TERM_GRACE_S) -> None:
+        """SIGTERM the group and all descendants, SIGKILL stragglers, verify none survive (idempotent)."""
+        if self._proc is None:
+            return
+        try:
+            procs = self._descendants()
+            if procs:
+                self._signal_all(signal.SIGTERM, procs)
+                procs = self._wait_gone(term_grace_s)
+            if procs:
+                self._signal_all(signal.SIGKILL, procs)
+                procs = self._wait_gone(KILL_GRACE_S)
+            try:
+                self.returncode = self._proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            if procs:
+                raise ServerTeardownError(
+                    f"server {self.name!r}: processes survived SIGKILL: {_describe(procs)}",
+                    log_path=str(self.log_path),
+                    log_tail=self.log_tail(),
+                )
+        finally:
+            if self._log_fh is not None:
+                self._log_fh.close()
+                self._log_fh = None
+            if self.stopped_at is None:
+                self.stopped_at = datetime.now(timezone.utc)
+            _LIVE_SERVERS.discard(self)
+
+    def surviving_pids(self) -> list[int]:
+        """Pids of this server's processes still alive (empty after a clean teardown)."""
+        return [p.pid for p in self._known.values() if _alive(p)] if self._proc else []
+
+    # -- context manager --------------------------------------------------------------------------
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive() else "stopped" if self._proc else "new"
+        return f"ManagedServer({self.name!r}, {self.base_url}, pid={self.pid}, {state})"

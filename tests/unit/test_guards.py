@@ -1,0 +1,156 @@
+"""Guards on crafted outputs (each guard alone) and on real outputs captured from the engines."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from specbook.guards import (
+    DEGENERATE,
+    DIVERGED,
+    LENGTH_MISMATCH,
+    MISSING,
+    PROMPT_MISMATCH,
+    REPEATS_DIFFER,
+    SPEC_MISMATCH,
+    GuardThresholds,
+    SideOutputs,
+    degenerate_reasons,
+    distinct_token_ratio,
+    divergence_is_material,
+    first_divergence,
+    guard_cell,
+    length_mismatch,
+    longest_loop,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
+
+
+def prose(n: int, seed: int = 0) -> list[int]:
+    """Ordinary text stand-in: ids drawn from a large vocabulary (no loop, high distinct ratio)."""
+    rng = random.Random(seed)
+    return [rng.randrange(2, 49152) for _ in range(n)]
+
+
+def test_the_real_case_eight_ids_in_128_tokens_is_degenerate():
+    loop = [11, 22, 33, 44, 55, 66, 77, 88] * 16
+    reasons = degenerate_reasons(loop)
+    assert len(reasons) == 2
+    assert "8 distinct token ids in 128 tokens" in reasons[0]
+    assert "8-token n-gram repeats 16.0x" in reasons[1]
+
+
+def test_prose_is_not_degenerate():
+    assert degenerate_reasons(prose(128)) == []
+    assert distinct_token_ratio(prose(128)) > 0.9
+
+
+def test_loop_after_a_normal_start_is_found_where_it_starts():
+    tokens = prose(40) + [7, 8, 9] * 20
+    loop = longest_loop(tokens)
+    assert loop is not None and loop.period == 3 and loop.start == 40 and loop.span == 60
+    assert any("3-token n-gram" in r for r in degenerate_reasons(tokens))
+
+
+def test_short_repeat_inside_prose_is_not_a_loop():
+    tokens = prose(100) + [5, 6, 5, 6] + prose(30, seed=1)
+    assert degenerate_reasons(tokens) == []
+
+
+def test_loop_fraction_threshold_is_respected():
+    tokens = prose(200) + [1, 2, 3, 4] * 5  # 20 of 220 tokens loop: under 25 %
+    assert degenerate_reasons(tokens) == []
+    assert degenerate_reasons(tokens, GuardThresholds(loop_min_fraction=0.05))
+
+
+def test_single_token_run_is_period_one():
+    loop = longest_loop([3] * 50)
+    assert loop is not None and loop.period == 1 and loop.span == 50
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2  # prefix: the shorter length
+    assert first_divergence([], [1]) == 0
+
+
+def test_length_mismatch_and_tolerance():
+    assert length_mismatch(84, 128)
+    assert not length_mismatch(128, 128)
+    assert not length_mismatch(126, 128, tolerance=0.05)
+
+
+def test_divergence_tolerance_forgives_only_the_tail():
+    assert divergence_is_material(10, 100, 100)
+    assert not divergence_is_material(95, 100, 100, tolerance=0.1)
+    assert divergence_is_material(85, 100, 100, tolerance=0.1)
+    assert not divergence_is_material(None, 5, 5)
+    assert not divergence_is_material(50, 50, 80)  # a prefix is a length mismatch, not a divergence
+
+
+def test_clean_cell_is_comparable():
+    text = prose(128)
+    v = guard_cell(SideOutputs("ours", [text, list(text)], spec_off=list(text)), SideOutputs("oracle", [list(text)]))
+    assert v.comparable and v.flags == [] and v.reasons == []
+    assert v.first_divergence is None
+
+
+def test_the_real_case_is_flagged_with_reasons():
+    reasoning = prose(84)
+    loop = [11, 22, 33, 44, 55, 66, 77, 88] * 16
+    v = guard_cell(SideOutputs("ours", [reasoning]), SideOutputs("oracle", [loop]))
+    assert not v.comparable
+    assert LENGTH_MISMATCH in v.flags and f"{DEGENERATE}_oracle" in v.flags and DIVERGED in v.flags
+    assert any("84" in r and "128" in r for r in v.reasons)
+    assert v.oracle_distinct_ratio == pytest.approx(8 / 128)
+
+
+def test_spec_on_off_mismatch_is_flagged_per_side():
+    off = prose(64)
+    on = off[:30] + prose(34, seed=5)
+    v = guard_cell(SideOutputs("ours", [on], spec_off=off), SideOutputs("oracle", [on]))
+    assert f"{SPEC_MISMATCH}_ours" in v.flags
+    assert f"{SPEC_MISMATCH}_oracle" not in v.flags
+    assert any("at token 30" in r for r in v.reasons)
+
+
+def test_repeats_that_differ_are_flagged():
+    a = prose(50)
+    b = a[:20] + prose(30, seed=9)
+    v = guard_cell(SideOutputs("ours", [a, b]), SideOutputs("oracle", [a]))
+    assert f"{REPEATS_DIFFER}_ours" in v.flags
+
+
+def test_missing_output_is_flagged():
+    v = guard_cell(SideOutputs("ours", []), SideOutputs("oracle", [prose(10)]))
+    assert MISSING in v.flags and not v.comparable
+
+
+def _real_outputs() -> dict:
+    path = FIXTURES / "real_outputs.json"
+    if not path.is_file():
+        pytest.skip("tests/fixtures/llamacpp/real_outputs.json not captured yet")
+    return json.loads(path.read_text())
+
+
+def test_guards_on_real_outputs():
+    """Token ids captured from real llama.cpp and vLLM servers on the demo prompts (greedy)."""
+    real = _real_outputs()
+    loop = real["loop_prompt"]
+    assert degenerate_reasons(loop["llamacpp"]), "the loop prompt's real output must trip the degenerate guard"
+    assert degenerate_reasons(loop["vllm"])
+    normal = real["normal_prompt"]
+    assert degenerate_reasons(normal["llamacpp"]) == []
+    assert degenerate_reasons(normal["vllm"]) == []
+
+
+def test_prompt_token_mismatch_is_flagged():
+    text = prose(20)
+    v = guard_cell(SideOutputs("ours", [text]), SideOutputs("oracle", [text]), prompt_tokens=(31, 30))
+    assert v.flags == [PROMPT_MISMATCH]
+    assert guard_cell(SideOutputs("ours", [text]), SideOutputs("oracle", [text]), prompt_tokens=(30, 30)).comparable

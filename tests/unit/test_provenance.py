@@ -1,0 +1,281 @@
+"""provenance: RunContext files, git sha/dirty, versions, hardware fingerprint, manifest round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specbook.errors import RunError
+from specbook.provenance import (
+    GitInfo,
+    Manifest,
+    RunContext,
+    cpu_fingerprint,
+    git_info,
+    hardware_fingerprint,
+    iso_utc,
+    library_versions,
+    parse_lscpu,
+    parse_nvidia_smi_csv,
+    read_manifest,
+    write_manifest,
+)
+
+# --------------------------------------------------------------------------------------------------
+# RunContext
+
+
+def test_run_context_makes_data_and_logs(tmp_path):
+    ctx = RunContext(tmp_path / "run")
+    assert ctx.data_dir == (tmp_path / "run" / "data").resolve() and ctx.data_dir.is_dir()
+    assert ctx.logs_dir.is_dir()
+    assert ctx.log_path("arm-0") == ctx.logs_dir / "arm-0.log"
+
+
+def test_save_frame_writes_parquet_at_once_and_loads_back(tmp_path):
+    ctx = RunContext(tmp_path)
+    df = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
+    path = ctx.save_frame("requests", df)
+    assert path == ctx.data_dir / "requests.parquet" and path.exists()
+    assert not list(ctx.data_dir.glob("*.tmp"))
+    # a new context (as a re-render would open) reads the same frame
+    pd.testing.assert_frame_equal(RunContext.from_run_dir(tmp_path).load_frame("requests"), df)
+    assert ctx.has_frame("requests") and not ctx.has_frame("other")
+
+
+def test_load_missing_frame_names_file_and_saved_ones(tmp_path):
+    ctx = RunContext(tmp_path)
+    ctx.save_frame("arms", pd.DataFrame({"a": [1]}))
+    with pytest.raises(RunError, match=r"requests\.parquet: no saved frame 'requests'; saved frames: arms"):
+        ctx.load_frame("requests")
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "sp ace"])
+def test_frame_names_cannot_escape_data_dir(tmp_path, bad):
+    with pytest.raises(RunError, match="name"):
+        RunContext(tmp_path).save_frame(bad, pd.DataFrame({"a": [1]}))
+
+
+def test_json_round_trip(tmp_path):
+    ctx = RunContext(tmp_path)
+    ctx.save_json("summary", {"al": 1.5, "when": datetime(2026, 1, 1, tzinfo=timezone.utc)})
+    assert ctx.load_json("summary") == {"al": 1.5, "when": "2026-01-01 00:00:00+00:00"}
+    with pytest.raises(RunError, match="no saved json 'nope'"):
+        ctx.load_json("nope")
+
+
+def test_from_run_dir_requires_the_folder(tmp_path):
+    with pytest.raises(RunError, match="run folder does not exist"):
+        RunContext.from_run_dir(tmp_path / "missing")
+    with pytest.raises(RunError, match="run_dir is empty"):
+        RunContext("")
+
+
+def test_record_server_appends_redacted_records(tmp_path):
+    ctx = RunContext(tmp_path)
+    ctx.log_path("target").write_text("Env: X=1\n")
+    started = datetime(2026, 11, 29, 22, 0, 0, tzinfo=timezone.utc)
+    ctx.record_server(
+        "target",
+        ["python", "-m", "vllm", "serve", "m"],
+        {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_TOKEN": "hf_secret"},
+        {"vllm": "0.32.0"},
+        started,
+        stopped_at=started.timestamp() + 30,
+        ready_s=23.5,
+        extra={"arm": "A"},
+    )
+    ctx.record_server("draft", ["x"], {}, {}, "2026-11-29T22:01:00+00:00")
+    lines = (tmp_path / "servers.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert "hf_secret" not in lines[0]
+    first, second = ctx.servers()
+    assert first.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and first.env["HF_TOKEN"] != "hf_secret"
+    assert first.started_at == "2026-11-29T22:00:00+00:00"
+    assert first.stopped_at == "2026-11-29T22:00:30+00:00"
+    assert first.ready_s == 23.5 and first.extra == {"arm": "A"} and first.log_path == "logs/target.log"
+    assert second.name == "draft" and second.log_path is None
+
+
+def test_iso_utc_accepts_datetimes_epochs_and_strings():
+    assert iso_utc(0) == "1970-01-01T00:00:00+00:00"
+    assert iso_utc("as-given") == "as-given"
+    assert iso_utc(None) is None
+    naive = datetime(2026, 1, 1, 12, 0, 0)
+    assert iso_utc(naive) == naive.astimezone().astimezone(timezone.utc).isoformat()
+
+
+# --------------------------------------------------------------------------------------------------
+# git
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_git_sha_and_dirty_flag_in_a_real_repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    assert git_info(repo).sha == "unknown" and git_info(repo).short_sha == "nosha"  # no commit yet
+
+    (repo / "a.txt").write_text("one\n")
+    (repo / ".gitignore").write_text("outputs/\n")
+    _git(repo, "add", "a.txt", ".gitignore")
+    _git(repo, "commit", "-q", "-m", "first")
+    head = _git(repo, "rev-parse", "HEAD")
+
+    clean = git_info(repo / ".")
+    assert clean.sha == head and clean.short_sha == head[:7]
+    assert clean.dirty is False
+    assert Path(clean.root).resolve() == repo.resolve()
+
+    (repo / "outputs").mkdir()
+    (repo / "outputs" / "run.txt").write_text("ignored\n")
+    assert git_info(repo).dirty is False  # ignored run folders do not dirty the checkout
+
+    (repo / "a.txt").write_text("two\n")
+    assert git_info(repo).dirty is True
+    _git(repo, "checkout", "-q", "a.txt")
+    (repo / "new_notebook.ipynb").write_text("{}")
+    assert git_info(repo).dirty is True  # an uncommitted new file changes what a run does
+
+
+def test_git_outside_a_repo_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    info = git_info(tmp_path)
+    assert info == GitInfo(sha="unknown", short_sha="nogit", dirty="unknown", root=None)
+
+
+# --------------------------------------------------------------------------------------------------
+# versions and hardware
+
+
+def test_library_versions_report_installed_and_absent():
+    versions = library_versions(("pandas", "pydantic", "no-such-dist-specbook"))
+    assert versions["pandas"] == pd.__version__
+    assert re.match(r"\d+\.\d+", versions["pydantic"])
+    assert versions["no-such-dist-specbook"] is None
+
+
+LSCPU_TWO_SOCKETS = """\
+Architecture:                    x86_64
+CPU(s):                          224
+On-line CPU(s) list:             0-223
+Vendor ID:                       GenuineIntel
+Model name:                      Intel(R) Xeon(R) Platinum 8480+
+Thread(s) per core:              2
+Core(s) per socket:              56
+Socket(s):                       2
+NUMA node(s):                    2
+Flags:                           fpu vme avx512f amx_tile amx_bf16 avx2
+"""
+
+
+def test_parse_lscpu_two_sockets():
+    info = parse_lscpu(LSCPU_TWO_SOCKETS)
+    assert info["model_name"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert (info["threads"], info["cores"], info["sockets"], info["threads_per_core"]) == (224, 112, 2, 2)
+    assert info["numa_nodes"] == 2 and info["flags_count"] == 6
+    assert info["has_avx512"] and info["has_amx"]
+    # the flags hash does not depend on the order lscpu prints them in
+    shuffled = LSCPU_TWO_SOCKETS.replace(
+        "fpu vme avx512f amx_tile amx_bf16 avx2", "avx2 amx_bf16 fpu vme avx512f amx_tile"
+    )
+    assert parse_lscpu(shuffled)["flags_sha256"] == info["flags_sha256"]
+
+
+@pytest.mark.skipif(shutil.which("lscpu") is None, reason="lscpu not installed")
+def test_cpu_fingerprint_of_this_host_matches_the_os():
+    info = cpu_fingerprint()
+    assert info["threads"] == os.cpu_count()
+    assert info["model_name"]
+    assert info["flags_sha256"] and len(info["flags_sha256"]) == 16
+    proc_flags = next(
+        (
+            ln.split(":", 1)[1].split()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("flags")
+        ),
+        None,
+    )
+    if proc_flags is not None:
+        assert info["has_avx512"] == any(f.startswith("avx512") for f in proc_flags)
+
+
+def test_parse_nvidia_smi_csv():
+    text = "NVIDIA H200, 570.124.06, 143771 MiB, 9.0, 00000000:19:00.0\nNVIDIA H200, 570.124.06, 143771 MiB, 9.0, 00000000:3B:00.0\n"
+    gpus = parse_nvidia_smi_csv(text)
+    assert len(gpus) == 2
+    assert gpus[0] == {
+        "name": "NVIDIA H200",
+        "driver_version": "570.124.06",
+        "memory.total": "143771 MiB",
+        "compute_cap": "9.0",
+        "pci.bus_id": "00000000:19:00.0",
+    }
+
+
+def test_hardware_fingerprint_fields():
+    hw = hardware_fingerprint()
+    assert hw["hostname"] and hw["kernel"] == os.uname().release
+    assert hw["memory_total_bytes"] > 0
+    assert hw["cpu"]["threads"] == os.cpu_count()
+    assert isinstance(hw["gpu"], dict)
+    if shutil.which("nvidia-smi") is None and shutil.which("rocm-smi") is None:
+        assert hw["gpu"] == {}
+
+
+# --------------------------------------------------------------------------------------------------
+# manifest
+
+
+def _manifest(**kw) -> Manifest:
+    base = dict(
+        run_id="r",
+        experiment="e",
+        started_at="2026-11-29T22:00:00+00:00",
+        params_file="params/e/x.yaml",
+        params_name="x",
+        params={"a": 1},
+        params_hash="h",
+        notebook="nb.ipynb",
+        kernel="specbook",
+        git=GitInfo(),
+        specbook_version="0.1.0",
+        python={"version": "3.11"},
+        libraries={"pandas": "2"},
+    )
+    base.update(kw)
+    return Manifest(**base)
+
+
+def test_manifest_round_trip_and_atomic_write(tmp_path):
+    m = _manifest(status="ok", duration_s=1.5)
+    path = write_manifest(tmp_path, m)
+    assert json.loads(path.read_text())["status"] == "ok"
+    assert not list(tmp_path.glob("*.tmp"))
+    assert read_manifest(tmp_path) == m
+
+
+def test_read_manifest_errors_name_the_file(tmp_path):
+    with pytest.raises(RunError, match=r"manifest\.json: no manifest"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(RunError, match=r"manifest\.json: unreadable manifest"):
+        read_manifest(tmp_path)

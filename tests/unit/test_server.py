@@ -1,0 +1,140 @@
+"""Server lifecycle against deliberately faulty stub servers (fault injection; no engine)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from specbook.errors import ServerStartError
+from specbook.logparse import parse_env_line
+from specbook.server import REDACTED, ManagedServer, ServerSpec, env_diff, free_port, redact_env
+
+STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
+
+
+def stub_spec(tmp_path: Path, mode: str, **kw) -> ServerSpec:
+    port = free_port()
+    argv = [sys.executable, str(STUB), "--mode", mode, "--port", str(port), *kw.pop("extra_argv", [])]
+    return ServerSpec(name=f"stub-{mode}", argv=argv, port=port, log_path=tmp_path / "logs" / f"{mode}.log", **kw)
+
+
+def test_redact_env_hides_secret_names_case_insensitively():
+    env = {"HF_TOKEN": "hf_abc", "openai_api_key": "sk", "Db_Password": "p", "MY_SECRET_X": "s", "VLLM_X": "1"}
+    assert redact_env(env) == {
+        "HF_TOKEN": REDACTED, "openai_api_key": REDACTED, "Db_Password": REDACTED, "MY_SECRET_X": REDACTED,
+        "VLLM_X": "1",
+    }
+
+
+def test_env_diff_keeps_new_and_changed_only():
+    parent = {"A": "1", "B": "2", "C": "3"}
+    assert env_diff({"A": "1", "B": "20", "D": "4"}, parent) == {"B": "20", "D": "4"}
+
+
+def test_env_line_first_redacted_and_unset_applied(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUB_VISIBLE", "from-parent")
+    monkeypatch.setenv("SAME_AS_PARENT", "x")
+    spec = stub_spec(
+        tmp_path, "healthy",
+        env={"VLLM_LOG_STATS_INTERVAL": "1", "HF_TOKEN": "hf_secret", "SPACED": "a b", "SAME_AS_PARENT": "x"},
+        unset_env=["STUB_VISIBLE"],
+    )
+    with ManagedServer(spec) as srv:
+        assert srv.ready_s is not None and 0 < srv.ready_s < 30
+        assert srv.started_at is not None and srv.pid is not None
+    lines = spec.log_path.read_text().splitlines()
+    assert "hf_secret" not in spec.log_path.read_text()
+    # Set on purpose by the spec, so recorded even where equal to the parent's; the marker is internal.
+    assert parse_env_line(lines[0]) == {
+        "HF_TOKEN": REDACTED, "SAME_AS_PARENT": "x", "SPACED": "a b", "VLLM_LOG_STATS_INTERVAL": "1",
+    }
+    assert any("STUB_VISIBLE=None" in ln for ln in lines[1:])  # unset_env really removed it
+    assert srv.launched_env["HF_TOKEN"] == REDACTED and srv.launched_env["SPACED"] == "a b"
+    assert srv.surviving_pids() == []
+
+
+def test_env_line_round_trips_through_logparse(tmp_path):
+    spec = stub_spec(tmp_path, "exit-at-once", env={"SPACED": "a b 'q'", "K": "v=1"})
+    with pytest.raises(ServerStartError):
+        ManagedServer(spec).__enter__()
+    first = spec.log_path.read_text().splitlines()[0]
+    assert parse_env_line(first) == {"SPACED": "a b 'q'", "K": "v=1"}
+
+
+def test_early_death_carries_the_log_tail(tmp_path):
+    spec = stub_spec(tmp_path, "exit-at-once")
+    srv = ManagedServer(spec)
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError) as info:
+        with srv:
+            pytest.fail("must not become ready")
+    assert time.monotonic() - t0 < 20  # noticed the death, did not wait for the timeout
+    err = info.value
+    assert "exited with code 3" in str(err)
+    assert "FATAL could not allocate KV cache" in err.log_tail
+    assert err.log_path == str(spec.log_path) and str(spec.log_path) in str(err)
+    assert srv.returncode == 3 and not srv.alive()
+
+
+def test_readiness_timeout_tears_down(tmp_path):
+    spec = stub_spec(tmp_path, "never-healthy", ready_timeout_s=3)
+    srv = ManagedServer(spec)
+    with pytest.raises(ServerStartError, match=r"not ready after 3 s.*HTTP 503") as info:
+        with srv:
+            pass
+    assert "mode=never-healthy" in info.value.log_tail
+    assert not srv.alive() and srv.surviving_pids() == []
+    assert not psutil.pid_exists(srv.pid) or psutil.Process(srv.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_teardown_kills_child_that_left_group_and_ignores_sigterm(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    spec = stub_spec(tmp_path, "stubborn-child", extra_argv=["--child-pid-file", str(pid_file)])
+    srv = ManagedServer(spec)
+    with srv:
+        child = psutil.Process(int(pid_file.read_text()))
+        assert os.getsid(child.pid) != os.getsid(srv.pid)  # really outside the launcher's session
+        assert child.is_running()
+        t0 = time.monotonic()
+        srv.stop(term_grace_s=1.0)  # ignored SIGTERM must lead to SIGKILL, not to an error
+        assert time.monotonic() - t0 < 15
+    for pid in (srv.pid, child.pid):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert srv.surviving_pids() == [] and srv.stopped_at is not None
+
+
+def test_keyboard_interrupt_inside_block_still_tears_down(tmp_path):
+    srv = ManagedServer(stub_spec(tmp_path, "healthy"))
+    with pytest.raises(KeyboardInterrupt):
+        with srv:
+            raise KeyboardInterrupt
+    assert not srv.alive() and srv.surviving_pids() == []
+
+
+def test_relaunch_keeps_the_previous_log(tmp_path):
+    spec = stub_spec(tmp_path, "healthy")
+    with ManagedServer(spec):
+        pass
+    first = spec.log_path.read_text()
+    with ManagedServer(spec):
+        pass
+    kept = spec.log_path.with_name(f"{spec.log_path.stem}.1{spec.log_path.suffix}")
+    assert kept.read_text() == first and parse_env_line(spec.log_path.read_text().splitlines()[0]) == {}
+
+
+def test_missing_executable_is_a_start_error(tmp_path):
+    spec = ServerSpec(name="ghost", argv=["/nonexistent/engine"], port=free_port(), log_path=tmp_path / "g.log")
+    with pytest.raises(ServerStartError, match="ghost.*could not be launched"):
+        ManagedServer(spec).start()
+
+
+def test_spec_rejects_bad_fields(tmp_path):
+    with pytest.raises(ValueError, match="port"):
+        ServerSpec(name="x", argv=["a"], port=0, log_path=tmp_path / "x.log")
+    with pytest.raises(ValueError, match="argv"):
+        ServerSpec(name="x", argv=[], port=1234, log_path=tmp_path / "x.log")
