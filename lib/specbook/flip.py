@@ -266,7 +266,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _same_json(a: Any, b: Any) -> bool:
+def same_json(a: Any, b: Any) -> bool:
     # type-strict: JSON's true/1 and 1/1.0 are different configs
     return type(a) is type(b) and a == b
 
@@ -278,7 +278,7 @@ def _json_diff(a: Any, b: Any, path: list[str | int], out: list[tuple[str, Any, 
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _json_diff(x, y, [*path, i], out)
-    elif not _same_json(a, b):
+    elif not same_json(a, b):
         label = lambda v: "<missing>" if v is _MISSING else v  # noqa: E731
         out.append((join_dotted_path(path), label(a), label(b)))
 

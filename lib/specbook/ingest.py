@@ -121,7 +121,9 @@ def ingest_file(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
     if engine is None:
-        raise IngestError(f"log file {path}: no line looks like a known engine's log ({', '.join(ENGINE_SIGNATURES)})")
+        raise IngestError(
+            f"log file {path}: no line looks like a known engine's log ({', '.join(ENGINE_SIGNATURES)})"
+        )
     summarise = SUMMARISERS.get(engine)
     if summarise is None:
         raise IngestError(

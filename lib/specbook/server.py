@@ -59,6 +59,18 @@ class ServerSpec(BaseModel):
     model_name: str | None = None
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the launching process dies (Linux), so a kernel killed by
+    SIGTERM or a timeout, which never runs our teardown, does not leave an engine server behind."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux/glibc: teardown and atexit still cover normal exits
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on `host` right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -206,6 +218,7 @@ class ManagedServer:
                 env=child,
                 cwd=self.spec.cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             self._log_fh.close()

@@ -20,7 +20,7 @@ from specbook.server import ManagedServer
 
 NGRAM_K = 4
 NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": NGRAM_K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-LOG_STATS_INTERVAL_S = 1.0
+LOG_STATS_INTERVAL_S = 1
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -198,6 +199,31 @@ def test_run_list_render_through_the_cli(tmp_path):
     assert rendered.returncode == 0, rendered.stderr
     assert (run_dir / "report.prev.html").is_file()
     assert "reuse_data=True" in (run_dir / "report.html").read_text()
+
+
+def test_sigterm_stops_the_cell_and_finalizes_the_manifest(tmp_path):
+    # `timeout` and schedulers send SIGTERM: the running cell must still stop its child (a server in
+    # real runs) and the manifest must say the run was interrupted, not stay "running"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRAPPER, "run", "fixture_good", "-f", str(PARAMS / "small.yaml"),
+         "--notebook", str(NOTEBOOKS / "slow_child.ipynb"), "--outputs", str(tmp_path), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (pid_files := list(tmp_path.glob("*/*/child.pid"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_files, "the notebook never started its child"
+    run_dir = pid_files[0].parent
+    child = int(pid_files[0].read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert f"run folder: {run_dir}" in stderr
+    assert (run_dir / "child.stopped").exists() and not Path(f"/proc/{child}").exists()
+    m = read_manifest(run_dir)
+    assert m.status == "failed" and m.error.startswith("interrupted: KeyboardInterrupt signal SIGTERM")
+    assert m.failed_cell.notebook_index == 1 and m.failed_cell.first_line == "import subprocess"
+    assert m.ended_at and (run_dir / "report.html").is_file()
 
 
 def test_render_of_a_non_run_folder_fails_cleanly(tmp_path):

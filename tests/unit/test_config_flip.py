@@ -58,7 +58,7 @@ def test_registered_under_its_name():
 def test_demo_params_validate_and_flip_the_draft():
     params = load_params(cf.ConfigFlipParams, params_dir() / "config_flip" / "cpu-demo.yaml")
     assert cf.flip_role(params.engine) == "draft"
-    assert params.flip.field == "rope_theta" and len(params.flip.values) == 2
+    assert params.flip.field == "rope_parameters.rope_theta" and params.flip.values == [100000.0, 100.0]
 
 
 def test_num_prompts_override_cuts_the_prompt_list(tmp_path, draft_dir):

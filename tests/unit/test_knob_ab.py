@@ -140,3 +140,10 @@ def test_per_position_from_counters():
 def test_ingest_mode_requires_logs():
     with pytest.raises(ParamsError, match="ingest"):
         params(mode="ingest")
+
+
+def test_resampling_draws_one_subset_per_sweep_shared_by_its_arms():
+    fixed = params()
+    assert {fixed.workload.subset_seed(s) for s in range(3)} == {fixed.workload.seed}
+    fresh = params(workload={"concurrency": 4, "seed": 7, "resample_per_sweep": True})
+    assert [fresh.workload.subset_seed(s) for s in range(3)] == [7, 8, 9]

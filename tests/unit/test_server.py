@@ -138,3 +138,34 @@ def test_spec_rejects_bad_fields(tmp_path):
         ServerSpec(name="x", argv=["a"], port=0, log_path=tmp_path / "x.log")
     with pytest.raises(ValueError, match="argv"):
         ServerSpec(name="x", argv=[], port=1234, log_path=tmp_path / "x.log")
+
+
+def test_a_server_does_not_outlive_a_launcher_killed_without_teardown():
+    """SIGKILL (or an unhandled SIGTERM) never runs our teardown: the child must still go (PDEATHSIG)."""
+    import signal as _signal
+    import subprocess as _sp
+    import sys as _sys
+    import time as _time
+
+    import psutil as _psutil
+
+    code = (
+        "import subprocess, sys, time\n"
+        "from specbook.server import _die_with_parent\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True, preexec_fn=_die_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    launcher = _sp.Popen([_sys.executable, "-c", code], stdout=_sp.PIPE, text=True)
+    child = int(launcher.stdout.readline())
+    launcher.send_signal(_signal.SIGKILL)
+    launcher.wait()
+    deadline = _time.monotonic() + 5
+    while _time.monotonic() < deadline:
+        if not _psutil.pid_exists(child) or _psutil.Process(child).status() == _psutil.STATUS_ZOMBIE:
+            break
+        _time.sleep(0.1)
+    else:
+        _psutil.Process(child).kill()
+        raise AssertionError("the server child outlived its killed launcher")

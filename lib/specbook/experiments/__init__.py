@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-from specbook.experiments.registry import ExperimentSpec, get_experiment, list_experiments, register_experiment
+from specbook.experiments.registry import (
+    ExperimentSpec,
+    get_experiment,
+    list_experiments,
+    register_experiment,
+)
 
 EXPERIMENT_MODULES = ("knob_ab", "config_flip", "cross_engine")
 

@@ -300,7 +300,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
         )
         row = {
             "arm": label, "index": index, "value": json.dumps(folder.value),
-            "is_original": (not folder.field_was_added) and flip._same_json(folder.value, folder.original_value),
+            "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
             "folder": str(folder.path), "requests": len(records), "elapsed_s": elapsed, "ready_s": ready_s,
             "drafts": delta.drafts, "draft_tokens": delta.draft_tokens, "accepted_tokens": delta.accepted_tokens,
         }

@@ -48,7 +48,7 @@ PROPOSALS_NOTE = (
     "Draft proposals side by side: not shown. Neither engine exposes the drafted token ids of each step "
     "through its API or metrics (vLLM 0.32 not at all; llama.cpp 11434 only prints draft candidates "
     "at debug log verbosity, which would change the timed run), so no matched-position comparison of "
-    "proposals is possible; per-position acceptance below is the closest comparable figure."
+    "proposals is possible; per-position acceptance above is the closest comparable figure."
 )
 
 
@@ -432,7 +432,8 @@ def cell_table(
     req = with_rates(data.requests)
     req = req[req["error"].isna()] if "error" in req else req
     guards = cell_guards(data, thresholds)
-    al = acceptance_table(data).set_index(["lane", "prompt", "side"])["al"] if not data.cells.empty else None
+    acc = acceptance_table(data) if not data.cells.empty else pd.DataFrame()
+    al = acc.set_index(["lane", "prompt", "side"])["al"] if not acc.empty else None
     rows = []
     for (lane, prompt), verdict in guards.items():
         cell = req[(req["lane"] == lane) & (req["prompt"] == prompt)]
@@ -535,3 +536,46 @@ def definition_note() -> str:
         "the counts, llama.cpp's log 'mean len' (same definition) and the cold response's timings "
         "draft_n_accepted / draft_n (an acceptance rate, not AL)."
     )
+
+
+REPORT_COLUMNS = ["lane", "prompt", "ours_tok_s", "oracle_tok_s", "ratio", "ratio_lo", "ratio_hi", "comparable", "flags"]
+GUARD_COLUMNS = [
+    "lane", "prompt", "ours_tokens", "oracle_tokens", "first_divergence", "ours_distinct", "oracle_distinct",
+    "ours_al", "oracle_al", "ours_ttft_ms", "oracle_ttft_ms", "ours_itl_ms", "oracle_itl_ms",
+]
+
+
+def pins_table(data: CrossData) -> pd.DataFrame:
+    """side / key / expected / found / ok for every declared pin."""
+    rows = []
+    for which, doc in data.pins.items():
+        for c in doc.get("checks", []):
+            rows.append({"side": which, **c})
+    return pd.DataFrame(rows, columns=["side", "key", "expected", "found", "ok"])
+
+
+def weights_table(data: CrossData) -> pd.DataFrame:
+    """model / identical / tensors / weights digest / GGUF sha256 (llama.cpp sides only)."""
+    rows = [
+        {"model": name, "identical": p.get("identical"), "tensors": p.get("tensors"),
+         "weights_digest": p.get("weights_digest"), "gguf_sha256": p.get("gguf_sha256"), "method": p.get("method")}
+        for name, p in data.weights.items()
+    ]
+    return pd.DataFrame(rows, columns=["model", "identical", "tensors", "weights_digest", "gguf_sha256", "method"])
+
+
+def plot_ratios(cells: pd.DataFrame, ax: Any) -> Any:
+    """One bar per cell with its CI; flagged cells grey and hatched (drawing only, no computation)."""
+    labels = [f"{r.lane}\n{r.prompt}" for r in cells.itertuples()]
+    x = np.arange(len(cells))
+    colors = ["tab:blue" if ok else "lightgrey" for ok in cells["comparable"]]
+    err = np.vstack([cells["ratio"] - cells["ratio_lo"], cells["ratio_hi"] - cells["ratio"]]).clip(min=0)
+    bars = ax.bar(x, cells["ratio"], color=colors, yerr=err, capsize=3)
+    for bar, ok in zip(bars, cells["comparable"], strict=True):
+        if not ok:
+            bar.set_hatch("//")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("ours / oracle tok/s")
+    ax.set_title("Per-cell ratio (grey, hatched: not comparable)")
+    return ax

@@ -48,6 +48,14 @@ class WorkloadParams(BaseModel):
     max_tokens: int = Field(256, ge=1)
     concurrency: int = Field(4, ge=1, description="requests in flight; the steady-state target")
     request_seed: int | None = Field(0, description="per-request sampling seed (greedy anyway)")
+    resample_per_sweep: bool = Field(
+        False, description="draw a fresh subset for each sweep (seed + sweep), the same for every arm of that "
+        "sweep: run-to-run sd then includes which questions were served, the noise of a real workload; "
+        "false: every sweep serves the same questions and sd is the engine's own run-to-run noise",
+    )
+
+    def subset_seed(self, sweep: int) -> int:
+        return self.seed + sweep if self.resample_per_sweep else self.seed
 
 
 class SteadyParams(BaseModel):
@@ -242,10 +250,15 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
     from specbook.workloads import gsm8k
 
     w = params.workload
-    workload = gsm8k.load_gsm8k(resolve_path(w.test_path), resolve_path(w.train_path), n=w.subset, seed=w.seed,
-                                num_shots=w.shots)
-    requests = gsm8k.make_requests(workload, max_tokens=w.max_tokens, seed=w.request_seed)
-    ctx.save_json("workload", workload.selection)
+    workloads = {}
+    for sweep in range(params.sweeps):
+        seed = w.subset_seed(sweep)
+        if seed not in workloads:
+            workloads[seed] = gsm8k.load_gsm8k(resolve_path(w.test_path), resolve_path(w.train_path), n=w.subset,
+                                               seed=seed, num_shots=w.shots)
+    ctx.save_json("workload", {str(seed): wl.selection for seed, wl in workloads.items()})
+    requests_of = {seed: gsm8k.make_requests(wl, max_tokens=w.max_tokens, seed=w.request_seed)
+                   for seed, wl in workloads.items()}
     arms = params.arms()
     ctx.save_json("arms", [a.model_dump() for a in arms])
     schedule = interleaved_schedule(arms, params.sweeps)
@@ -265,6 +278,8 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
 
     for order, (sweep, arm) in enumerate(tqdm(schedule, desc="knob A/B runs", unit="run")):
         run_id = run_name(order, sweep, arm)
+        subset_seed = w.subset_seed(sweep)
+        workload, requests = workloads[subset_seed], requests_of[subset_seed]
         cfg = _arm_config(arm, params)
         engine = get_engine(cfg.engine)
         server = launch(cfg, name=run_id, log_path=ctx.log_path(run_id))
@@ -301,7 +316,8 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
         ok = rf[rf["error"].isna()] if "error" in rf else rf
         completion = int(ok["completion_tokens"].fillna(0).sum())
         row.update({
-            "seed": w.request_seed,
+            "subset_seed": subset_seed,
+            "request_seed": w.request_seed,
             "log_path": str(server.log_path.relative_to(ctx.run_dir)),
             "argv": json.dumps(server.argv),
             # Attribution reads the env the log says the server ran with, not what params declared.

@@ -151,21 +151,22 @@ def top1_predictions(model_dir: Path, texts: EncodedTexts) -> list:
 
 
 def agreement_from_predictions(target: list, draft: list, texts: EncodedTexts) -> dict:
-    """Agreement over all predicted positions, and over those predicting the assistant answer."""
+    """Agreement at the positions that predict the assistant answer (what a draft proposes when
+    serving), and over all positions of the rendered chat (system prompt and question included)."""
     same = total = same_ans = total_ans = 0
     for t, d, start, ids in zip(target, draft, texts.answer_start, texts.ids, strict=True):
         n = len(ids) - 1  # the last position predicts past the text
-        eq = (t[:n] == d[:n])
+        eq = t[:n] == d[:n]
         same += int(eq.sum())
         total += n
-        ans = eq[max(start - 1, 0):]
+        ans = eq[max(start - 1, 0):]  # position start-1 predicts the answer's first token
         same_ans += int(ans.sum())
         total_ans += int(ans.numel())
-    if total == 0:
-        raise ModelPrepareError(f"agreement text set {texts.label!r} has no positions to compare")
+    if total_ans == 0:
+        raise ModelPrepareError(f"agreement text set {texts.label!r} has no answer positions to compare")
     return {
-        "top1_agreement": same / total,
-        "top1_agreement_answer": same_ans / total_ans if total_ans else float("nan"),
-        "positions": total,
-        "answer_positions": total_ans,
+        "top1_agreement": same_ans / total_ans,
+        "positions": total_ans,
+        "top1_agreement_all_positions": same / total,
+        "all_positions": total,
     }

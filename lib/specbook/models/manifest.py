@@ -32,14 +32,18 @@ class SourceInfo(BaseModel):
 
 
 class AgreementRecord(BaseModel):
-    """Teacher-forced top-1 agreement of a draft with its target, and the AL it implies."""
+    """Teacher-forced top-1 agreement of a draft with its target, and the AL it implies.
+
+    top1_agreement (which sets expected_acceptance_length) counts the assistant-answer positions;
+    the all-positions figure also counts the system prompt and question.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     top1_agreement: float
-    top1_agreement_answer: float
     positions: int
-    answer_positions: int
+    top1_agreement_all_positions: float
+    all_positions: int
     texts: int
     text_set: str
     text_set_sha256: str

