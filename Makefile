@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 install: $(STAMP)
 
+# Drafts' agreement with the target is measured on GSM8K text when the shared copy lies beside the checkout.
+AGREEMENT_DATA ?= $(wildcard ../shared/data/gsm8k/test.jsonl)
+
 models: install
-	$(SPECBOOK) models prepare
+	SPECBOOK_AGREEMENT_DATA="$(AGREEMENT_DATA)" $(SPECBOOK) models prepare
 
 setup: models
 

@@ -66,3 +66,14 @@ def test_positive_control_lowers_al_in_every_sweep(demo_run):
     assert (al["int4draft"] < al["baseline"]).all(), al
     assert (al["baseline"] > 2.0).all(), al  # the fp8 draft really accepts
     assert (result.run_al["intervals_kept"] > 0).all()
+
+
+def test_ingest_example_analyses_real_logs_without_a_server(tmp_path):
+    cmd = [sys.executable, "-m", "specbook", "run", "knob_ab", "-f", "params/knob_ab/ingest-example.yaml",
+           "--outputs", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=project_root(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = Path(re.search(r"^run folder: (.+)$", proc.stdout, re.MULTILINE).group(1).strip())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["servers"] == []
+    assert "int4draft vs baseline: DIFFERENT" in (run_dir / "report.html").read_text()

@@ -132,21 +132,27 @@ def test_missing_output_is_flagged():
 
 
 def _real_outputs() -> dict:
-    path = FIXTURES / "real_outputs.json"
-    if not path.is_file():
-        pytest.skip("tests/fixtures/llamacpp/real_outputs.json not captured yet")
-    return json.loads(path.read_text())
+    return json.loads((FIXTURES / "real_outputs.json").read_text())
 
 
-def test_guards_on_real_outputs():
-    """Token ids captured from real llama.cpp and vLLM servers on the demo prompts (greedy)."""
-    real = _real_outputs()
-    loop = real["loop_prompt"]
+def test_guards_on_real_outputs_loop():
+    """Token ids captured from real llama.cpp and vLLM servers (greedy, identical weights)."""
+    loop = _real_outputs()["loop_prompt"]
     assert degenerate_reasons(loop["llamacpp"]), "the loop prompt's real output must trip the degenerate guard"
     assert degenerate_reasons(loop["vllm"])
-    normal = real["normal_prompt"]
-    assert degenerate_reasons(normal["llamacpp"]) == []
-    assert degenerate_reasons(normal["vllm"]) == []
+    v = guard_cell(SideOutputs("llamacpp", [loop["llamacpp"]]), SideOutputs("vllm", [loop["vllm"]]))
+    assert not v.comparable and f"{DEGENERATE}_llamacpp" in v.flags and f"{DEGENERATE}_vllm" in v.flags
+
+
+def test_guards_on_real_outputs_that_diverge_across_engines():
+    """The real bicycle answers: ordinary text on both engines, but they part early and differ in length."""
+    normal = _real_outputs()["normal_prompt"]
+    assert degenerate_reasons(normal["llamacpp"]) == [] and degenerate_reasons(normal["vllm"]) == []
+    v = guard_cell(SideOutputs("llamacpp", [normal["llamacpp"]]), SideOutputs("vllm", [normal["vllm"]]))
+    idx = first_divergence(normal["llamacpp"], normal["vllm"])
+    assert idx is not None and idx < min(len(normal["llamacpp"]), len(normal["vllm"]))
+    assert DIVERGED in v.flags and (LENGTH_MISMATCH in v.flags) == (len(normal["llamacpp"]) != len(normal["vllm"]))
+    assert f"outputs diverge at token {idx}" in " ".join(v.reasons)
 
 
 def test_prompt_token_mismatch_is_flagged():

@@ -147,3 +147,24 @@ def test_resampling_draws_one_subset_per_sweep_shared_by_its_arms():
     assert {fixed.workload.subset_seed(s) for s in range(3)} == {fixed.workload.seed}
     fresh = params(workload={"concurrency": 4, "seed": 7, "resample_per_sweep": True})
     assert [fresh.workload.subset_seed(s) for s in range(3)] == [7, 8, 9]
+
+
+def test_a_knob_env_var_inherited_from_the_launching_shell_is_refused():
+    from specbook.errors import ExperimentError
+
+    p = params(knobs=[{"name": "qr", "env": {"QR": "INT4"}}, {"name": "int4", "set": {"dtype": "float32"}}])
+    knob_ab.check_inherited_knob_env(p, {"PATH": "/bin"})  # clean shell: fine
+    with pytest.raises(ExperimentError, match="QR='INT6'"):
+        knob_ab.check_inherited_knob_env(p, {"QR": "INT6"})
+    # a key every arm sets explicitly is visible on every Env: line, so inheriting it is harmless
+    p2 = params(engine={**PARAMS["engine"], "env": {"QR": "none"}},
+                knobs=[{"name": "qr", "env": {"QR": "INT4"}}])
+    knob_ab.check_inherited_knob_env(p2, {"QR": "INT6"})
+
+
+def test_log_totals_are_reconciled_with_the_counters():
+    runs = pd.DataFrame({"run_id": ["a", "b"], "counter_drafts": [30, 30], "counter_accepted": [90, 90]})
+    iv = pd.DataFrame({"run_id": ["a", "a", "b"], "drafts": [10, 20, 10], "accepted_tokens": [30, 60, 30]})
+    rec = knob_ab.reconcile_log_with_counters(runs, iv).set_index("run_id")
+    assert rec.loc["a", "log_matches_counters"] and not rec.loc["b", "log_matches_counters"]
+    assert rec.loc["b", "log_drafts"] == 10

@@ -119,3 +119,48 @@ def test_spec_decode_delta_from_real_metrics_matches_the_log():
     assert delta.accepted_tokens == sum(r["accepted"] for r in lines)
     assert delta.draft_tokens == sum(r["generated"] for r in lines)
     assert delta.drafts > 0 and delta.generation_tokens and delta.generation_tokens > 0
+
+
+# ------------------------------------------------------------------ weights for the llama.cpp side
+
+
+def test_qk_permutation_round_trips_and_interleaves_rotary_halves():
+    import numpy as np
+
+    from specbook import weights
+
+    w = np.arange(2 * 8 * 3).reshape(2 * 8, 3)  # 2 heads of dim 8, 3 input columns
+    p = weights.permute_qk(w, 2)
+    assert np.array_equal(weights.unpermute_qk(p, 2), w)
+    # HF rows [0..3] (first rotary half) and [4..7] (second) interleave as 0,4,1,5,... in GGUF layout
+    assert list(p[:8, 0] // 3) == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_bf16_conversions_are_exact_or_refused():
+    import numpy as np
+    import torch
+
+    from specbook import weights
+    from specbook.errors import ModelPrepareError
+
+    x = np.array([1.0, -2.5, 3.14159265, 1e-20, 65504.0], dtype=np.float32)
+    expect = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    bits = weights.bf16_round(x)
+    assert np.array_equal(bits, expect)  # round-to-nearest-even, as torch does
+    assert np.array_equal(weights.f32_to_bf16_exact(weights.bf16_to_f32(bits), "t"), bits)
+    with pytest.raises(ModelPrepareError, match="not exact bf16"):
+        weights.f32_to_bf16_exact(np.array([3.14159265], dtype=np.float32), "t")
+
+
+def test_safetensors_reader_returns_raw_bf16_bits(tmp_path):
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from specbook import weights
+
+    t = torch.tensor([[1.5, -0.25], [3.0, 7.0]], dtype=torch.bfloat16)
+    save_file({"a": t}, str(tmp_path / "model.safetensors"))
+    got = weights.read_safetensors_bf16(tmp_path / "model.safetensors")["a"]
+    assert got.dtype == np.uint16 and got.shape == (2, 2)
+    assert np.array_equal(weights.bf16_to_f32(got), t.float().numpy())

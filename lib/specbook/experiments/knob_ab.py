@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,25 @@ def _arm_config(arm: Arm, params: KnobABParams) -> EngineConfig:
     return cfg.model_copy(update={"env": env})
 
 
+def check_inherited_knob_env(params: KnobABParams, parent_env) -> None:
+    """Refuse to launch when a knob's env var is already set in the launching environment.
+
+    A server inherits it even in arms whose knob is off, and the `Env:` line lists only what the launcher
+    set or changed, so the inherited value would be invisible to attribution: those runs would count as
+    the baseline while running the variant.
+    """
+    arms = params.arms()
+    knob_keys = {k for knob in params.knobs for k in knob.env}
+    inherited = sorted(k for k in knob_keys if k in parent_env and not all(
+        k in (arm.engine.get("env") or {}) for arm in arms))
+    if inherited:
+        shown = ", ".join(f"{k}={parent_env[k]!r}" for k in inherited)
+        raise ExperimentError(
+            f"knob env var(s) already set in the launching environment: {shown}; arms that leave the knob off "
+            f"would inherit them unseen. Unset them before `specbook run` (or set them in engine.env for every arm)"
+        )
+
+
 def arm_signatures(params: KnobABParams) -> tuple[dict[str, attribution.ArmSignature], list[str], list[str]]:
     """Each arm's expected knob env and args, built by the engine adapter exactly as it would launch it.
 
@@ -260,6 +280,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
     requests_of = {seed: gsm8k.make_requests(wl, max_tokens=w.max_tokens, seed=w.request_seed)
                    for seed, wl in workloads.items()}
     arms = params.arms()
+    check_inherited_knob_env(params, os.environ)
     ctx.save_json("arms", [a.model_dump() for a in arms])
     schedule = interleaved_schedule(arms, params.sweeps)
     flush = params.measurement.flush_wait_s
@@ -425,6 +446,7 @@ class KnobABAnalysis:
     interaction: pd.DataFrame | None
     accuracy: pd.DataFrame
     per_position: pd.DataFrame
+    reconciliation: pd.DataFrame  # per run: log totals vs counter deltas of the same window
     notes: list[str]
 
 
@@ -445,6 +467,23 @@ def _per_position_frame(runs: pd.DataFrame, intervals: pd.DataFrame, arm_of: dic
                 rows.append({"run_id": run_id, "arm": arm_of.get(run_id), "position": int(c.rsplit("_", 1)[1]) + 1,
                              "acceptance": rate, "source": "log"})
     return pd.DataFrame(rows, columns=["run_id", "arm", "position", "acceptance", "source"])
+
+
+def reconcile_log_with_counters(runs: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
+    """Per launched run: drafts and accepted tokens summed over its log intervals against its /metrics deltas.
+
+    They cover the same window when the server wrote its last interval before the final scrape; a log that
+    lost its tail shows here (and its log-based AL, steady or not, is then short of the counters)."""
+    if "counter_drafts" not in runs or intervals.empty:
+        return pd.DataFrame(columns=["run_id", "log_drafts", "counter_drafts", "log_accepted", "counter_accepted",
+                                     "log_matches_counters"])
+    sums = intervals.groupby("run_id")[["drafts", "accepted_tokens"]].sum()
+    out = runs[["run_id", "counter_drafts", "counter_accepted"]].copy()
+    out["log_drafts"] = out["run_id"].map(sums["drafts"]).fillna(0).astype(int)
+    out["log_accepted"] = out["run_id"].map(sums["accepted_tokens"]).fillna(0).astype(int)
+    out["log_matches_counters"] = (out["log_drafts"] == out["counter_drafts"]) & (
+        out["log_accepted"] == out["counter_accepted"])
+    return out[["run_id", "log_drafts", "counter_drafts", "log_accepted", "counter_accepted", "log_matches_counters"]]
 
 
 def analyze(data: KnobABData, params: KnobABParams) -> KnobABAnalysis:
@@ -528,6 +567,12 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABAnalysis:
     elif params.crossed and len(params.knobs) > 2:
         notes.append("interaction is reported for two crossed knobs only")
 
+    recon = reconcile_log_with_counters(runs, iv)
+    if len(recon) and not recon["log_matches_counters"].all():
+        short = recon.loc[~recon["log_matches_counters"], "run_id"].tolist()
+        notes.append(f"the server log and /metrics disagree for {short}: their log-based AL misses part of the "
+                     "window (see the reconciliation table); counter_al covers the whole run")
+
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
     return KnobABAnalysis(
@@ -536,7 +581,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABAnalysis:
         crude_threshold=thr, crude_explanation=steady.explain_crude_cut_bias(), value_col=value_col,
         arm_summary=arm_summary, comparisons=comparisons, verdicts=verdicts_all,
         verdict_table=decision.verdict_table(verdicts_all), knob_verdicts=_knob_verdict_summary(verdicts_all, params),
-        interaction=interaction, accuracy=accuracy, per_position=_per_position_frame(runs, iv, arm_of), notes=notes,
+        interaction=interaction, accuracy=accuracy, per_position=_per_position_frame(runs, iv, arm_of), reconciliation=recon, notes=notes,
     )
 
 
