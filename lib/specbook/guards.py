@@ -144,10 +144,17 @@ class SideOutputs:
     label: str
     repeats: list[list[int]] = field(default_factory=list)
     spec_off: list[int] | None = None
+    # The server's own count (usage.completion_tokens). Text drops special tokens (an EOS sampled
+    # under ignore_eos), so lengths are compared on this count when both sides give it.
+    completion_tokens: int | None = None
 
     @property
     def tokens(self) -> list[int]:
         return self.repeats[0] if self.repeats else []
+
+    @property
+    def length(self) -> int:
+        return self.completion_tokens if self.completion_tokens is not None else len(self.tokens)
 
 
 class GuardVerdict(BaseModel):
@@ -191,7 +198,7 @@ def _side_checks(side: SideOutputs, verdict: GuardVerdict, th: GuardThresholds) 
             verdict.add(
                 f"{SPEC_MISMATCH}_{side.label}",
                 f"{side.label}: spec-on output differs from its spec-off output at token {idx} "
-                f"({len(side.tokens)} vs {len(side.spec_off)} tokens)",
+                f"(text tokens: on {len(side.tokens)}, off {len(side.spec_off)})",
             )
 
 
@@ -210,8 +217,8 @@ def guard_cell(
     th = th or GuardThresholds()
     a, b = ours.tokens, oracle.tokens
     verdict = GuardVerdict(
-        ours_tokens=len(a),
-        oracle_tokens=len(b),
+        ours_tokens=ours.length,
+        oracle_tokens=oracle.length,
         ours_distinct_ratio=distinct_token_ratio(a),
         oracle_distinct_ratio=distinct_token_ratio(b),
     )
@@ -224,16 +231,16 @@ def guard_cell(
             f"prompt lengths differ: {ours.label} {p_ours} vs {oracle.label} {p_oracle} tokens (template/tokenizer)",
         )
     if ours.repeats and oracle.repeats:
-        if length_mismatch(len(a), len(b), th.length_tolerance):
+        if length_mismatch(ours.length, oracle.length, th.length_tolerance):
             verdict.add(
                 LENGTH_MISMATCH,
-                f"completion lengths differ: {ours.label} {len(a)} vs {oracle.label} {len(b)} tokens",
+                f"completion lengths differ: {ours.label} {ours.length} vs {oracle.label} {oracle.length} tokens",
             )
         verdict.first_divergence = first_divergence(a, b)
         if divergence_is_material(verdict.first_divergence, len(a), len(b), th.divergence_tolerance):
             verdict.add(
                 DIVERGED,
                 f"outputs diverge at token {verdict.first_divergence} "
-                f"({ours.label} {len(a)}, {oracle.label} {len(b)} tokens)",
+                f"(text tokens: {ours.label} {len(a)}, {oracle.label} {len(b)})",
             )
     return verdict

@@ -21,29 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from specbook.errors import ModelPrepareError
+from specbook.models.convert import BLOCK_TENSORS, GLOBAL_TENSORS
+from specbook.models.manifest import sha256_file as _sha256_file
 from specbook.paths import cache_dir
 
 WEIGHTS_FILE = "model.safetensors"
 SIDECAR_SUFFIX = ".json"
 FORMAT_VERSION = 1
 
-# GGUF tensor name -> HF LlamaForCausalLM name (the inverse direction of specbook.models.convert).
-GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-BLOCK_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+# GGUF tensor name -> HF LlamaForCausalLM name: the same tables the embedded-model conversion uses.
 # Metadata the writer sets itself or that must change with the tensor types.
 _SKIP_FIELDS = ("GGUF.", "general.architecture", "general.file_type", "general.quantization_version")
 GGUF_FILE_TYPE_MOSTLY_BF16 = 32
@@ -107,14 +93,6 @@ def f32_to_bf16_exact(values: np.ndarray, what: str) -> np.ndarray:
     if np.any(bits & 0xFFFF):
         raise ModelPrepareError(f"{what}: F32 values are not exact bf16 values")
     return (bits >> 16).astype(np.uint16)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _tensor_digest(bits: np.ndarray) -> str:

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specbook.experiments import config_flip as cf
-from specbook.paths import project_root
 from specbook.provenance import RunContext
 
 pytestmark = pytest.mark.e2e
@@ -20,17 +16,9 @@ DEMO = "params/config_flip/cpu-demo.yaml"
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
+def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    cmd = [
-        sys.executable, "-m", "specbook", "run", "config_flip", "-f", DEMO,
-        "-p", "num_prompts=3", "-p", "max_tokens=96", "--outputs", str(outputs),
-    ]
-    proc = subprocess.run(cmd, cwd=project_root(), capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, f"specbook run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    match = re.search(r"^run folder: (.+)$", proc.stdout, re.MULTILINE)
-    assert match, proc.stdout
-    return Path(match.group(1).strip())
+    return run_book("config_flip", DEMO, ["num_prompts=3", "max_tokens=96"], outputs, timeout=1500)
 
 
 def test_report_folder_holds_report_data_logs_and_flipped_folders(demo_run):

@@ -6,16 +6,12 @@ repeat. Run under the shared engine lock: `flock /tmp/specbook-engine.lock .venv
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specbook.experiments import cross_engine as ce
 from specbook.params import load_params
-from specbook.paths import project_root
 from specbook.provenance import RunContext
 
 pytestmark = pytest.mark.e2e
@@ -25,18 +21,10 @@ LANES = '[{name: "off"}, {name: draft-int4, speculative_config: {method: draft_m
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
+def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    cmd = [
-        sys.executable, "-m", "specbook", "run", "cross_engine", "-f", DEMO,
-        "-p", "num_prompts=2", "-p", "warm_repeats=1", "-p", "max_tokens=64", "-p", f"lanes={LANES}",
-        "--outputs", str(outputs),
-    ]
-    proc = subprocess.run(cmd, cwd=project_root(), capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, f"specbook run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    match = re.search(r"^run folder: (.+)$", proc.stdout, re.MULTILINE)
-    assert match, proc.stdout
-    return Path(match.group(1).strip())
+    return run_book("cross_engine", DEMO, ["num_prompts=2", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}"],
+                    outputs, timeout=1200)
 
 
 def test_run_folder_holds_report_data_and_both_engines_logs(demo_run):

@@ -8,15 +8,11 @@ declared arm, and the positive control (int4 draft vs fp8 draft) lowering AL in 
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specbook.experiments import knob_ab
-from specbook.paths import project_root
 from specbook.provenance import RunContext
 
 pytestmark = pytest.mark.e2e
@@ -25,15 +21,10 @@ DEMO = "params/knob_ab/cpu-demo.yaml"
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> Path:
+def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    cmd = [sys.executable, "-m", "specbook", "run", "knob_ab", "-f", DEMO, "-p", "crossed=false",
-           "-p", "workload.subset=6", "-p", "workload.max_tokens=96", "--outputs", str(outputs)]
-    proc = subprocess.run(cmd, cwd=project_root(), capture_output=True, text=True, timeout=2400)
-    assert proc.returncode == 0, f"specbook run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    match = re.search(r"^run folder: (.+)$", proc.stdout, re.MULTILINE)
-    assert match, proc.stdout
-    return Path(match.group(1).strip())
+    return run_book("knob_ab", DEMO, ["crossed=false", "workload.subset=6", "workload.max_tokens=96"], outputs,
+                    timeout=2400)
 
 
 def test_run_folder_is_complete(demo_run):
@@ -68,12 +59,8 @@ def test_positive_control_lowers_al_in_every_sweep(demo_run):
     assert (result.run_al["intervals_kept"] > 0).all()
 
 
-def test_ingest_example_analyses_real_logs_without_a_server(tmp_path):
-    cmd = [sys.executable, "-m", "specbook", "run", "knob_ab", "-f", "params/knob_ab/ingest-example.yaml",
-           "--outputs", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=project_root(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run_dir = Path(re.search(r"^run folder: (.+)$", proc.stdout, re.MULTILINE).group(1).strip())
+def test_ingest_example_analyses_real_logs_without_a_server(tmp_path, run_book):
+    run_dir = run_book("knob_ab", "params/knob_ab/ingest-example.yaml", [], tmp_path, timeout=600)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest["servers"] == []
     assert "int4draft vs baseline: DIFFERENT" in (run_dir / "report.html").read_text()

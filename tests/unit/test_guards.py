@@ -160,3 +160,12 @@ def test_prompt_token_mismatch_is_flagged():
     v = guard_cell(SideOutputs("ours", [text]), SideOutputs("oracle", [text]), prompt_tokens=(31, 30))
     assert v.flags == [PROMPT_MISMATCH]
     assert guard_cell(SideOutputs("ours", [text]), SideOutputs("oracle", [text]), prompt_tokens=(30, 30)).comparable
+
+
+def test_lengths_use_the_servers_count_when_given():
+    """Under ignore_eos one engine samples EOS (dropped from the text), so text tokens undercount."""
+    text = prose(89)
+    same = guard_cell(SideOutputs("ours", [text], completion_tokens=96), SideOutputs("oracle", [text], completion_tokens=96))
+    assert LENGTH_MISMATCH not in same.flags and same.ours_tokens == 96
+    differ = guard_cell(SideOutputs("ours", [text], completion_tokens=96), SideOutputs("oracle", [text], completion_tokens=89))
+    assert LENGTH_MISMATCH in differ.flags

@@ -48,6 +48,7 @@ def launch(cfg: EngineConfig, *, name: str, log_path: Path, port: int | None = N
 
 
 # Adapters register themselves at import.
+from specbook.engines import llamacpp as _llamacpp  # noqa: E402,F401
 from specbook.engines import vllm as _vllm  # noqa: E402,F401
 
 __all__ = [

@@ -58,11 +58,10 @@ def binary_path() -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    # specbook.models imports torch at package import: keep it out of `import specbook.engines`
+    from specbook.models.manifest import sha256_file as _sha256
+
+    return _sha256(path)
 
 
 def libraries_sha256(bin_dir: Path) -> str:

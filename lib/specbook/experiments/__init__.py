@@ -14,10 +14,6 @@ from specbook.experiments.registry import (
 EXPERIMENT_MODULES = ("knob_ab", "config_flip", "cross_engine")
 
 for _name in EXPERIMENT_MODULES:
-    try:
-        importlib.import_module(f"specbook.experiments.{_name}")
-    except ModuleNotFoundError as exc:  # an experiment still being written; the others stay usable
-        if exc.name != f"specbook.experiments.{_name}":
-            raise
+    importlib.import_module(f"specbook.experiments.{_name}")
 
 __all__ = ["ExperimentSpec", "get_experiment", "list_experiments", "register_experiment"]

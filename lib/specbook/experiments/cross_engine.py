@@ -406,7 +406,9 @@ def cell_guards(data: CrossData, thresholds: GuardThresholds | None = None) -> d
                 ok = rows[rows["error"].isna()] if "error" in rows else rows
                 off_rows = req[(req["lane"] == OFF_LANE) & (req["prompt"] == prompt) & (req["side"] == which)]
                 spec_off = _tokens(off_rows)[0] if lane != OFF_LANE and len(off_rows) else None
-                sides[which] = SideOutputs(labels[which], _tokens(ok), spec_off=spec_off)
+                counted = ok["completion_tokens"].dropna() if "completion_tokens" in ok else pd.Series(dtype=float)
+                sides[which] = SideOutputs(labels[which], _tokens(ok), spec_off=spec_off,
+                                           completion_tokens=int(counted.iloc[0]) if len(counted) else None)
                 pt = ok["prompt_tokens"].dropna()
                 prompt_tokens.append(int(pt.iloc[0]) if len(pt) else None)
             out[(lane, prompt)] = guard_cell(
