@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from specbook.errors import ModelPrepareError
-from specbook.models.convert import BLOCK_TENSORS, GLOBAL_TENSORS
+from specbook.models.convert import hf_name
 from specbook.models.manifest import sha256_file as _sha256_file
 from specbook.paths import cache_dir
 
@@ -37,17 +37,6 @@ GGUF_FILE_TYPE_MOSTLY_BF16 = 32
 
 def gguf_dir() -> Path:
     return cache_dir() / "gguf"
-
-
-def hf_name(gguf_name: str) -> tuple[str, str | None]:
-    """HF tensor name and the GGUF block part (None for a global tensor)."""
-    if gguf_name in GLOBAL_TENSORS:
-        return GLOBAL_TENSORS[gguf_name], None
-    parts = gguf_name.split(".")
-    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in BLOCK_TENSORS:
-        raise ModelPrepareError(f"GGUF tensor {gguf_name!r} has no known Llama mapping")
-    _, layer, part, kind = parts
-    return f"model.layers.{layer}.{BLOCK_TENSORS[part]}.{kind}", part
 
 
 def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -222,7 +222,7 @@ def test_unpermute_undoes_llama_cpp_qk_permutation():
 
 
 def test_gguf_tensor_names_map_to_llama():
-    assert convert._hf_name("blk.7.attn_q.weight") == ("model.layers.7.self_attn.q_proj.weight", "attn_q")
-    assert convert._hf_name("token_embd.weight") == ("model.embed_tokens.weight", None)
+    assert convert.hf_name("blk.7.attn_q.weight") == ("model.layers.7.self_attn.q_proj.weight", "attn_q")
+    assert convert.hf_name("token_embd.weight") == ("model.embed_tokens.weight", None)
     with pytest.raises(ModelPrepareError, match="blk.0.attn_qkv.weight"):
-        convert._hf_name("blk.0.attn_qkv.weight")
+        convert.hf_name("blk.0.attn_qkv.weight")

@@ -64,7 +64,7 @@ def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, head_dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def _hf_name(gguf_name: str) -> tuple[str, str | None]:
+def hf_name(gguf_name: str) -> tuple[str, str | None]:
     """HF tensor name and the GGUF block part (None for global tensors)."""
     if gguf_name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[gguf_name], None
@@ -89,7 +89,7 @@ def dequantize_gguf(gguf: Path, n_heads: int, n_kv_heads: int, tie_word_embeddin
     for t in reader.tensors:
         arr = dequantize(t.data, t.tensor_type).astype(np.float32)
         arr = arr.reshape([int(x) for x in reversed(t.shape)])
-        name, part = _hf_name(t.name)
+        name, part = hf_name(t.name)
         if part == "attn_q":
             arr = _unpermute_qk(arr, n_heads)
         elif part == "attn_k":
