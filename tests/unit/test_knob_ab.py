@@ -168,3 +168,44 @@ def test_log_totals_are_reconciled_with_the_counters():
     rec = knob_ab.reconcile_log_with_counters(runs, iv).set_index("run_id")
     assert rec.loc["a", "log_matches_counters"] and not rec.loc["b", "log_matches_counters"]
     assert rec.loc["b", "log_drafts"] == 10
+
+
+STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
+
+
+def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(tmp_path):
+    """Fault injection with the deliberately faulty stub server (it exits before listening)."""
+    import sys
+
+    from specbook.engines import list_engines, register_engine
+    from specbook.errors import RunError
+    from specbook.provenance import RunContext
+    from specbook.server import ServerSpec
+
+    if "stub-exit" not in list_engines():
+        @register_engine("stub-exit")
+        class _ExitAtOnce:
+            name = "stub-exit"
+
+            def build_spec(self, cfg, *, name, log_path, port):
+                return ServerSpec(name=name, argv=[sys.executable, str(STUB), "--mode", "exit-at-once",
+                                                   "--port", str(port)],
+                                  env=dict(cfg.env), port=port, log_path=log_path, ready_timeout_s=30)
+
+            def probe_versions(self, base_url=None):
+                return {"engine": self.name}
+
+            def spec_decode_delta(self, before, after, model_name=None):
+                raise AssertionError("never reached")
+
+    p = params(engine={**PARAMS["engine"], "engine": "stub-exit"},
+               workload={"concurrency": 4, "subset": 2, "test_path": "../shared/data/gsm8k/test.jsonl",
+                         "train_path": "../shared/data/gsm8k/train.jsonl"})
+    ctx = RunContext(tmp_path / "run")
+    with pytest.raises(RunError, match="00-sweep0-baseline .*arm 'baseline'.*saved"):
+        knob_ab.collect(p, ctx)
+    runs = ctx.load_frame("runs")
+    assert runs["status"].tolist() == ["failed"]
+    assert "could not allocate KV cache" in runs["error"].iloc[0]  # the log tail travels with the error
+    assert [s.name for s in ctx.servers()] == ["00-sweep0-baseline"]
+    assert ctx.log_path("00-sweep0-baseline").read_text().startswith("Env:")

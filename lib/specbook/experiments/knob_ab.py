@@ -306,6 +306,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
         server = launch(cfg, name=run_id, log_path=ctx.log_path(run_id))
         row: dict[str, Any] = {"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": arm.name,
                                "status": "started"}
+        versions: dict[str, str] = {}
         try:
             with server as srv:
                 versions = engine.probe_versions(srv.base_url)
@@ -326,7 +327,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
                            f"in {ctx.data_dir}: {exc}") from exc
         finally:
             ctx.record_server(run_id, server.argv, server.launched_env,
-                              versions if "versions" in locals() else {}, server.started_at, server.stopped_at,
+                              versions, server.started_at, server.stopped_at,
                               server.ready_s, extra={"arm": arm.name, "sweep": sweep})
         rf = records_frame(records)
         rf.insert(0, "run_id", run_id)
