@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from specbook.errors import ServerStartError, ServerTeardownError
+from specbook.logparse import format_env_line
 
 # Env names whose values never reach a log or manifest.
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
@@ -86,14 +86,6 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 def env_diff(child: dict[str, str], parent: dict[str, str]) -> dict[str, str]:
     """Variables of `child` that are new or changed relative to `parent` (unredacted)."""
     return {k: v for k, v in child.items() if parent.get(k) != v}
-
-
-def _format_env_line(env: dict[str, str]) -> str:
-    try:
-        from specbook.logparse import format_env_line
-    except ImportError:  # logparse not there yet: same format it parses
-        return "Env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    return format_env_line(env)
 
 
 def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
@@ -205,7 +197,7 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         _keep_old_log(self.log_path)
         self._log_fh = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - lives with the process
-        self._log_fh.write(_format_env_line(self.launched_env) + "\n")
+        self._log_fh.write(format_env_line(self.launched_env) + "\n")
         self._log_fh.flush()
         self.started_at = datetime.now(timezone.utc)
         self._t0 = time.monotonic()

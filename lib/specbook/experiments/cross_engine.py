@@ -165,7 +165,6 @@ def check_all_pins(params: CrossEngineParams) -> dict[str, Any]:
     from specbook.engines import get_engine
     from specbook.pins import check_pins
 
-    _import_adapters()
     out: dict[str, Any] = {}
     for which in SIDES:
         side = params.side(which)
@@ -173,11 +172,6 @@ def check_all_pins(params: CrossEngineParams) -> dict[str, Any]:
         checks = check_pins(side.pins, found, what=f"{which} {side.label} ({side.engine.engine}; params {which}.pins)")
         out[which] = {"declared": side.pins, "found": found, "checks": [c.model_dump() for c in checks]}
     return out
-
-
-def _import_adapters() -> None:
-    # The llama.cpp adapter registers itself at import (engines/__init__ may not import it yet).
-    import specbook.engines.llamacpp  # noqa: F401
 
 
 def load_tokenizer(params: CrossEngineParams) -> Any:
