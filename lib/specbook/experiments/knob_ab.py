@@ -27,6 +27,7 @@ from specbook.errors import ExperimentError, ParamsError, RunError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.params import ExperimentParams
 from specbook.paths import project_root
+from specbook.startup import log_startup_facts
 
 NAME = "knob_ab"
 # Frames saved in data/ (one parquet each) and what they hold.
@@ -359,6 +360,8 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
             "counter_al": delta.acceptance_length,
             "counter_per_position": json.dumps(delta.per_position_acceptance),
             **log_counts,
+            # what the server chose, from its log: a backend knob that did not take would show here
+            "attention_backend": ", ".join(log_startup_facts(server.log_path).get("attention_backends", [])) or None,
             "versions": json.dumps(versions),
         })
         runs.append(row)

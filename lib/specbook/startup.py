@@ -1,0 +1,93 @@
+"""What a vLLM server's log says about its start: the attention backend it chose, load and init times.
+
+vLLM does not expose these through /metrics or /version, and the attention backend is the process-wide
+choice a knob A/B most often varies (or changes unasked: `--dtype float32` moves CUDA vLLM from
+FLASH_ATTN to TRITON_ATTN by itself), so the manifest records what the log says for every server.
+
+Lines (vLLM 0.26 CUDA, vllm/platforms/cuda.py and friends):
+  auto:      "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'TRITON_ATTN']."
+  requested: "Using AttentionBackendEnum.TRITON_ATTN backend."   (--attention-backend; the enum's str())
+  FA:        "Using FlashAttention version 3"
+  KV cache:  "GPU KV cache size: 1,234,567 tokens"   (vLLM-CPU: "CPU KV cache size: 23,296 tokens, ...")
+  init:      "init engine (profile, create kv cache, warmup model) took 0.44 s"
+  weights:   "Loading weights took 0.20 seconds"   (one per model: target, then draft)
+vLLM-CPU 0.32 logs no attention-backend line; the facts it lacks are simply absent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+_Fact = Callable[[re.Match[str], dict[str, Any]], None]
+
+
+def _append(key: str, value: Any, facts: dict[str, Any]) -> None:
+    facts.setdefault(key, [])
+    if value not in facts[key]:
+        facts[key].append(value)
+
+
+def _auto_backend(m: re.Match[str], facts: dict[str, Any]) -> None:
+    _append("attention_backends", m["name"], facts)
+    facts["attention_backend_selected_by"] = facts.get("attention_backend_selected_by") or "auto"
+    facts["attention_backend_candidates"] = re.findall(r"'([A-Z0-9_]+)'", m["candidates"])
+
+
+def _requested_backend(m: re.Match[str], facts: dict[str, Any]) -> None:
+    _append("attention_backends", m["name"], facts)
+    facts["attention_backend_selected_by"] = "requested"
+
+
+def _flash_attn_version(m: re.Match[str], facts: dict[str, Any]) -> None:
+    facts["flash_attn_version"] = int(m["version"])
+
+
+def _kv_cache(m: re.Match[str], facts: dict[str, Any]) -> None:
+    facts["kv_cache_device"] = m["device"]
+    facts["kv_cache_tokens"] = int(m["tokens"].replace(",", ""))
+
+
+def _init_engine(m: re.Match[str], facts: dict[str, Any]) -> None:
+    facts["init_engine_s"] = float(m["seconds"])
+
+
+def _weights(m: re.Match[str], facts: dict[str, Any]) -> None:
+    facts.setdefault("weights_load_s", []).append(float(m["seconds"]))
+
+
+# Registry: line pattern -> what it adds. Searched anywhere in the line (after vLLM's header).
+STARTUP_FACTS: list[tuple[re.Pattern[str], _Fact]] = [
+    (re.compile(r"Using (?P<name>[A-Z][A-Z0-9_]*) attention backend out of potential backends: "
+                r"(?P<candidates>\[.*?\])"), _auto_backend),
+    (re.compile(r"Using (?:AttentionBackendEnum\.)?(?P<name>[A-Z][A-Z0-9_]*) backend\.\s*$"), _requested_backend),
+    (re.compile(r"Using FlashAttention version (?P<version>\d+)"), _flash_attn_version),
+    (re.compile(r"(?P<device>[A-Z]+) KV cache size: (?P<tokens>[\d,]+) tokens"), _kv_cache),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s"), _init_engine),
+    (re.compile(r"Loading weights took (?P<seconds>[\d.]+) seconds"), _weights),
+]
+
+
+def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
+    """The facts of STARTUP_FACTS found in `lines`; keys of facts not logged are absent."""
+    facts: dict[str, Any] = {}
+    for line in lines:
+        if "Using" not in line and "took" not in line and "KV cache size" not in line:
+            continue  # cheap pre-filter: logs hold thousands of stats lines
+        for pattern, add in STARTUP_FACTS:
+            m = pattern.search(line.rstrip("\n"))
+            if m:
+                add(m, facts)
+                break
+    return facts
+
+
+def log_startup_facts(path: str | Path) -> dict[str, Any]:
+    """startup_facts of a log file; {} when it does not exist (a server that never started)."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return startup_facts(fh)

