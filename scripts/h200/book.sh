@@ -31,8 +31,9 @@ install_all() {
   tar -cf - --exclude=./.gpu-carry --exclude=./outputs . | tar -xf - -C "$REPO"
   mkdir -p "$REPO/outputs"
   cp /tmp/x/gsm8k/* /tmp/shared/data/gsm8k/     # params read ../shared/data/gsm8k, as here
-  (cd "$REPO" && PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-    --no-compile --target /tmp/site . 2>&1 | grep -v "already exists" || true)
+  # specbook's wheel (built here by pack.sh: the image's setuptools may be too old for its pyproject) gives
+  # the metadata; the run imports the repo copy's lib/ first, so it runs exactly the tree the call sent.
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$VC"/specbook-*.whl
   PYTHONPATH=/tmp/site python3 -c "import specbook, papermill, vllm; print('specbook', specbook.__version__, 'vllm', vllm.__version__)"
   PYTHONPATH=/tmp/site python3 -m ipykernel install --sys-prefix --name specbook
   mkdir -p "$LLAMA" && tar -xJf /tmp/x/llama-src.tar.xz -C "$LLAMA" --strip-components=1
@@ -65,6 +66,7 @@ experiment() {  # experiment name, params file
 
 run_all() {
   . /tmp/b/env.sh
+  export PYTHONPATH="$REPO/lib:$PYTHONPATH"
   export PYTHONUNBUFFERED=1 SPECBOOK_AGREEMENT_DATA=/tmp/shared/data/gsm8k/test.jsonl
   cd "$REPO" || exit 1
   nvidia-smi > "$STATE/nvidia-smi.txt" 2>&1

