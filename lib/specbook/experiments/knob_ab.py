@@ -20,7 +20,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specbook import attribution, decision, stats, steady
-from specbook.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
+from specbook.arms import ARM_JOIN, BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
 from specbook.decision import DecisionRule
 from specbook.engines.base import EngineConfig
 from specbook.errors import ExperimentError, ParamsError, RunError
@@ -360,8 +360,6 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
             "counter_al": delta.acceptance_length,
             "counter_per_position": json.dumps(delta.per_position_acceptance),
             **log_counts,
-            # what the server chose, from its log: a backend knob that did not take would show here
-            "attention_backend": ", ".join(log_startup_facts(server.log_path).get("attention_backends", [])) or None,
             "versions": json.dumps(versions),
         })
         runs.append(row)
@@ -412,9 +410,48 @@ def _arm_from_glob(path: Path, mapping: dict[str, str]) -> attribution.Attributi
     return attribution.Attribution(None, None, False, f"{path.name} matches no glob of ingest.mapping", {})
 
 
+def attention_backends_from_logs(runs: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """Per run, the attention backend its server's log says the target and the draft used (None: not logged)."""
+    out = runs.copy()
+    for role in ("target", "draft"):
+        out[f"attention_backend_{role}"] = None
+    if "log_path" not in out:
+        return out
+    for i, rel in out["log_path"].items():
+        if not isinstance(rel, str) or not rel:
+            continue
+        facts = log_startup_facts(rel if Path(rel).is_absolute() else run_dir / rel)
+        for role in ("target", "draft"):
+            out.at[i, f"attention_backend_{role}"] = facts.get(f"attention_backend_{role}")
+    return out
+
+
+def backend_knob_reach(runs: pd.DataFrame, params: KnobABParams) -> list[str]:
+    """Notes for knobs that request an attention backend which a run's target or draft did not use."""
+    notes = []
+    for knob in params.knobs:
+        wanted = knob.set.get("attention_backend")
+        if wanted is None or "arm" not in runs:
+            continue
+        on = runs[runs["arm"].map(lambda a, k=knob.name: k in str(a).split(ARM_JOIN))]
+        for role in ("target", "draft"):
+            col = f"attention_backend_{role}"
+            if col not in on:
+                continue
+            used = sorted({str(v) for v in on[col] if v is not None and v == v})
+            if used and used != [str(wanted)]:
+                notes.append(
+                    f"knob {knob.name!r} asks for attention backend {wanted}, but the {role} of its runs used "
+                    f"{', '.join(used)} (server logs): the knob did not reach the {role}"
+                    + (" (vLLM selects the draft's backend on its own unless "
+                       "speculative_config.attention_backend is set)" if role == "draft" else "")
+                )
+    return notes
+
+
 def load(ctx) -> KnobABData:
     """The saved frames of a run folder (what `specbook render` analyses with no server)."""
-    runs = ctx.load_frame(RUNS)
+    runs = attention_backends_from_logs(ctx.load_frame(RUNS), ctx.run_dir)
     intervals = ctx.load_frame(INTERVALS) if ctx.has_frame(INTERVALS) else pd.DataFrame()
     requests = ctx.load_frame(REQUESTS) if ctx.has_frame(REQUESTS) else pd.DataFrame()
     try:
@@ -571,6 +608,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABAnalysis:
     elif params.crossed and len(params.knobs) > 2:
         notes.append("interaction is reported for two crossed knobs only")
 
+    notes += backend_knob_reach(runs, params)
     recon = reconcile_log_with_counters(runs, iv)
     if len(recon) and not recon["log_matches_counters"].all():
         short = recon.loc[~recon["log_matches_counters"], "run_id"].tolist()
