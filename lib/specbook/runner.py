@@ -38,6 +38,7 @@ from specbook.provenance import (
     file_sha256,
     git_info,
     hardware_fingerprint,
+    host_summary,
     iso_utc,
     library_versions,
     python_info,
@@ -422,6 +423,12 @@ def _render_notebook(manifest: Manifest, notebook: str | os.PathLike[str] | None
     return get_experiment(manifest.experiment).notebook_path()
 
 
+def _render_host() -> str:
+    """Hostname with CPU and GPU count: hostnames alone repeat across machines (both sides said `vm` here)."""
+    row = host_summary(hardware_fingerprint())
+    return f"{socket.gethostname()} ({row.get('cpu') or 'cpu?'}, {row['gpus']} GPU{'s' if row['gpus'] != 1 else ''})"
+
+
 def render_run(
     run_dir: str | os.PathLike[str],
     notebook: str | os.PathLike[str] | None = None,
@@ -455,7 +462,7 @@ def render_run(
     manifest.renders.append(
         RenderRecord(
             at=iso_utc(utc_now()),
-            host=socket.gethostname(),
+            host=_render_host(),
             notebook=str(nb_path),
             notebook_sha256=file_sha256(nb_path),
             status=status,

@@ -5,6 +5,7 @@
 #
 #   book.sh start WAIT_S   install (foreground), start the run in the background, then `wait WAIT_S`
 #   book.sh wait WAIT_S    follow the run up to WAIT_S seconds; copy what has finished into $OUT
+# Env: SPECBOOK_GIT_SHA (the commit sent, for the manifests), KNOB_PARAMS (the knob A/B params file).
 #
 # Needs in /tmp/vc: the vLLM kit's parts (../shared/gpu/prepare.sh) and specbook's pieces (pack.sh).
 # On a GPU host of your own none of this is needed: `conda env create -f environment.yml`, then
@@ -78,7 +79,7 @@ run_all() {
   python3 -m specbook models prepare || { say "models: prepare failed"; touch "$STATE/done"; return 1; }
   say "models: ready in $((SECONDS - t0)) s"
   cp -r ~/.cache/specbook/models "$STATE/models-meta" 2>/dev/null && find "$STATE/models-meta" -name '*.safetensors' -delete
-  experiment knob_ab params/knob_ab/h200-attention-backend.yaml
+  experiment knob_ab "${KNOB_PARAMS:-params/knob_ab/h200-attention-backend.yaml}"
   experiment config_flip params/config_flip/h200.yaml
   say "llama.cpp: waiting for the CUDA build"
   wait "$build_pid"
