@@ -5,6 +5,7 @@
 #
 #   book.sh start WAIT_S   install (foreground), start the run in the background, then `wait WAIT_S`
 #   book.sh wait WAIT_S    follow the run up to WAIT_S seconds; copy what has finished into $OUT
+#   book.sh install        install only
 # Env: SPECBOOK_GIT_SHA (the commit sent, for the manifests), KNOB_PARAMS (the knob A/B params file).
 #
 # Needs in /tmp/vc: the vLLM kit's parts (../shared/gpu/prepare.sh) and specbook's pieces (pack.sh).
@@ -113,6 +114,7 @@ case "${1:-}" in
     sleep 2
     follow "${2:-300}"
     ;;
+  install) set -e; install_all ;;   # install only (checks of the install itself)
   run) run_all ;;
   wait) follow "${2:-300}" ;;
   *) echo "usage: book.sh start|wait WAIT_S" >&2; exit 2 ;;
