@@ -26,8 +26,9 @@ class EngineConfig(BaseModel):
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=2048, gt=0)
     dtype: str | None = None
-    # Process-wide: the draft runs with the target's attention backend. vLLM: --attention-backend NAME
-    # (FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...); None lets the engine choose (the log says what it chose).
+    # vLLM: --attention-backend NAME (FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...); None lets vLLM choose. It
+    # reaches the target only: vLLM 0.26 picks the draft's backend itself unless speculative_config names
+    # one (attention_backend there). specbook.startup reads from the log what each of them used.
     attention_backend: str | None = None
     enforce_eager: bool = True
     seed: int | None = 0
