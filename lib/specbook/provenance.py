@@ -269,6 +269,7 @@ class RunContext:
         extra: dict[str, Any] | None = None,
     ) -> ServerRecord:
         """Append one server to servers.jsonl (the manifest collects them at the end of the run)."""
+        log = self._existing_log(name)
         record = ServerRecord(
             name=name,
             argv=[str(a) for a in argv],
@@ -277,8 +278,8 @@ class RunContext:
             started_at=iso_utc(started_at),
             stopped_at=iso_utc(stopped_at),
             ready_s=ready_s,
-            log_path=self._existing_log(name),
-            startup=log_startup_facts(self.log_path(name)) if self._existing_log(name) else {},
+            log_path=log,
+            startup=log_startup_facts(self.run_dir / log) if log else {},
             extra=dict(extra or {}),
         )
         with open(self.run_dir / SERVERS_NAME, "a", encoding="utf-8") as fh:
