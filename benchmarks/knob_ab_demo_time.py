@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbook.provenance import read_manifest
+from specbook.manifest import read_manifest
 
 
 def main() -> None:

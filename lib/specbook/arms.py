@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from specbook import dotted as dotted_path
 from specbook.errors import ParamsError
 
 BASELINE = "baseline"
@@ -70,17 +71,11 @@ def arm_name(knobs: list[str]) -> str:
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any, *, where: str) -> None:
-    """Set `a.b.c` in a nested dict; the parent path must exist and be a dict."""
-    parts = dotted.split(".")
-    node = tree
-    for i, part in enumerate(parts[:-1]):
-        nxt = node.get(part)
-        if nxt is None:
-            nxt = node[part] = {}
-        if not isinstance(nxt, dict):
-            raise ParamsError(f"{where}: cannot set {dotted!r}: {'.'.join(parts[: i + 1])} is not a mapping")
-        node = nxt
-    node[parts[-1]] = value
+    """Set `a.b.c` in a nested dict, making missing mappings; ParamsError naming `where` otherwise."""
+    try:
+        dotted_path.set_path(tree, dotted, value)
+    except dotted_path.DottedPathError as exc:
+        raise ParamsError(f"{where}: cannot set {dotted!r}: {exc}") from None
 
 
 def apply_knobs(base_engine: dict[str, Any], knobs: list[KnobSpec]) -> dict[str, Any]:

@@ -235,7 +235,7 @@ def attribute(
 
 def _parse_env(env: Mapping[str, str] | str) -> dict[str, str]:
     if isinstance(env, str):
-        from specbook.logparse import parse_env_line
+        from specbook.envline import parse_env_line
 
         try:
             parsed = parse_env_line(env)

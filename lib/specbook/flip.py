@@ -11,7 +11,6 @@ Dotted paths: ``rope_theta``, ``rope_scaling.factor``, ``layer_types.3`` (an int
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,13 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from specbook import dotted as dotted_path
+from specbook.digest import sha256_bytes, sha256_file
 from specbook.errors import ExperimentError
 
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 # A non-weight file this large is almost surely weights under an unknown name: refuse to copy it.
 MAX_COPIED_BYTES = 64 * 1024 * 1024
 LinkMode = Literal["symlink", "hardlink"]
-_MISSING = object()
+_MISSING = dotted_path.MISSING
 
 
 def is_weight_file(path: Path) -> bool:
@@ -38,39 +39,26 @@ def is_weight_file(path: Path) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def split_dotted_path(dotted: str) -> list[str | int]:
-    """``"a.b.0"`` -> ``["a", "b", 0]``; refuses empty segments."""
-    if not dotted or any(seg == "" for seg in dotted.split(".")):
-        raise ExperimentError(f"field path {dotted!r} is not a dotted path like 'rope_scaling.factor'")
-    return [int(seg) if seg.isdigit() else seg for seg in dotted.split(".")]
-
-
-def join_dotted_path(parts: list[str | int]) -> str:
-    return ".".join(str(p) for p in parts)
+def check_dotted_path(dotted: str) -> None:
+    """ExperimentError unless `dotted` is a path like 'rope_scaling.factor'."""
+    try:
+        dotted_path.split(dotted)
+    except dotted_path.DottedPathError as exc:
+        raise ExperimentError(f"field path {exc}") from None
 
 
 def get_field(doc: Any, dotted: str, *, file: str = "<json>") -> Any:
     """The value at `dotted`; ExperimentError naming the path and file if it is missing."""
-    value = _lookup(doc, split_dotted_path(dotted))
-    if value is _MISSING:
+    check_dotted_path(dotted)
+    value = dotted_path.get(doc, dotted)
+    if value is dotted_path.MISSING:
         raise ExperimentError(f"field {dotted!r} is missing from {file}")
     return value
 
 
 def has_field(doc: Any, dotted: str) -> bool:
-    return _lookup(doc, split_dotted_path(dotted)) is not _MISSING
-
-
-def _lookup(doc: Any, parts: list[str | int]) -> Any:
-    cur = doc
-    for part in parts:
-        if isinstance(cur, dict) and str(part) in cur:
-            cur = cur[str(part)]
-        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
-            cur = cur[part]
-        else:
-            return _MISSING
-    return cur
+    check_dotted_path(dotted)
+    return dotted_path.get(doc, dotted) is not dotted_path.MISSING
 
 
 def set_field(doc: Any, dotted: str, value: Any, *, add_missing: bool = False, file: str = "<json>") -> Any:
@@ -79,36 +67,13 @@ def set_field(doc: Any, dotted: str, value: Any, *, add_missing: bool = False, f
     A missing field (or missing parent object) is refused unless `add_missing`; list indexes are
     never invented.
     """
-    parts = split_dotted_path(dotted)
-    cur = doc
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        where = join_dotted_path(parts[: depth + 1])
-        if isinstance(cur, list):
-            if not isinstance(part, int) or part >= len(cur):
-                raise ExperimentError(f"field {dotted!r} in {file}: {where!r} is not an index of that list")
-            if last:
-                old, cur[part] = cur[part], value
-                return old
-            cur = cur[part]
-            continue
-        if not isinstance(cur, dict):
-            raise ExperimentError(f"field {dotted!r} in {file}: {where!r} is below a {type(cur).__name__}, not an object")
-        key = str(part)
-        if key not in cur:
-            if not add_missing:
-                raise ExperimentError(
-                    f"field {dotted!r} is missing from {file} (missing at {where!r}); "
-                    "set flip.add_missing: true to add it"
-                )
-            if not last:
-                cur[key] = {}
-        if last:
-            old = cur.get(key)
-            cur[key] = value
-            return old
-        cur = cur[key]
-    raise AssertionError("unreachable")
+    check_dotted_path(dotted)
+    try:
+        old = dotted_path.set_path(doc, dotted, value, create=add_missing)
+    except dotted_path.DottedPathError as exc:
+        hint = "; set flip.add_missing: true to add it" if "does not exist" in str(exc) else ""
+        raise ExperimentError(f"field {dotted!r} in {file}: at {exc.where!r}: {exc}{hint}") from None
+    return None if old is dotted_path.MISSING else old
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,14 +223,6 @@ class FolderDifference:
         return f"{where}: {self.left!r} != {self.right!r}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def same_json(a: Any, b: Any) -> bool:
     # type-strict: JSON's true/1 and 1/1.0 are different configs
     return type(a) is type(b) and a == b
@@ -280,7 +237,7 @@ def _json_diff(a: Any, b: Any, path: list[str | int], out: list[tuple[str, Any, 
             _json_diff(x, y, [*path, i], out)
     elif not same_json(a, b):
         label = lambda v: "<missing>" if v is _MISSING else v  # noqa: E731
-        out.append((join_dotted_path(path), label(a), label(b)))
+        out.append((dotted_path.join(path), label(a), label(b)))
 
 
 def _load_json(path: Path) -> Any:
@@ -315,7 +272,7 @@ def diff_folders(left: Path, right: Path) -> list[FolderDifference]:
                 _json_diff(jl, jr, [], leaves)
                 diffs.extend(FolderDifference(rel, field, a, b) for field, a, b in leaves)
                 continue
-        hl, hr = _sha256(pl), _sha256(pr)
+        hl, hr = sha256_file(pl), sha256_file(pr)
         if hl != hr:
             diffs.append(FolderDifference(rel, None, f"sha256:{hl[:12]}", f"sha256:{hr[:12]}"))
     return diffs
@@ -347,5 +304,5 @@ def safe_label(value: Any) -> str:
     """A folder-name-safe label for an arm value (``10000``, ``null``, ``true``, ``{...}`` hashed)."""
     text = json.dumps(value, sort_keys=True)
     if len(text) > 40 or not re.fullmatch(r"[-\w.+\"]+", text):
-        return "v" + hashlib.sha256(text.encode()).hexdigest()[:10]
+        return "v" + sha256_bytes(text)[:10]
     return text.strip('"')

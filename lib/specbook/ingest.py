@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from specbook import logparse
+from specbook.engines.vllm import logparse
 from specbook.errors import IngestError
 
 # How many leading lines the engine detector reads (startup banners come first).

@@ -1,4 +1,4 @@
-"""`/metrics` snapshots and label-filtered counter deltas (spec-decode AL, tokens, requests).
+"""`/metrics` snapshots and label-filtered counter deltas, engine-neutral (each engine names its counters).
 
 Counters are cumulative since the server started, so a measurement is always the difference of two
 snapshots taken around it; a counter that went down means the server restarted in between.
@@ -11,15 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from specbook.acceptance import Acceptance
 from specbook.errors import MetricsError
-
-SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts"
-SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
-SPEC_DECODE_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-GENERATION_TOKENS = "vllm:generation_tokens"
-PROMPT_TOKENS = "vllm:prompt_tokens"
-REQUEST_SUCCESS = "vllm:request_success"
 
 # prometheus_client names a counter family without `_total` and its sample with it (plus a `_created`
 # sample we never want); callers may use either spelling.
@@ -138,98 +131,34 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **
 
 
 @dataclass
-class SpecDecodeDelta:
-    """Spec-decode counters accrued between two snapshots."""
+class CounterDelta:
+    """What a server's counters accrued between two snapshots: the acceptance counts and the token and
+    request counters beside them (None where the engine has no such counter)."""
 
-    drafts: int
-    draft_tokens: int
-    accepted_tokens: int
-    accepted_per_position: list[int]
+    acceptance: Acceptance
     generation_tokens: int | None = None
     prompt_tokens: int | None = None
     requests_succeeded: int | None = None
     requests_by_finish_reason: dict[str, int] = field(default_factory=dict)
     interval_s: float | None = None
 
-    @property
-    def acceptance_length(self) -> float | None:
-        """Mean tokens per verification step, the bonus token included: 1 + accepted / drafts."""
-        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        if not self.drafts:
-            return [math.nan] * len(self.accepted_per_position)
-        return [a / self.drafts for a in self.accepted_per_position]
-
-    @property
-    def draft_acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-
-    @property
-    def num_speculative_tokens(self) -> int:
-        return len(self.accepted_per_position)
-
     def to_dict(self) -> dict[str, Any]:
         return {
-            "drafts": self.drafts,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "accepted_per_position": list(self.accepted_per_position),
+            **self.acceptance.figures(),
             "generation_tokens": self.generation_tokens,
             "prompt_tokens": self.prompt_tokens,
             "requests_succeeded": self.requests_succeeded,
             "requests_by_finish_reason": dict(self.requests_by_finish_reason),
             "interval_s": self.interval_s,
-            "acceptance_length": self.acceptance_length,
-            "per_position_acceptance": self.per_position_acceptance,
-            "draft_acceptance_rate": self.draft_acceptance_rate,
         }
 
 
-def _int_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: Any) -> int | None:
+def int_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: Any) -> int | None:
     delta = counter_delta(before, after, name, **labels)
     return None if delta is None else int(round(delta))
 
 
-def spec_decode_delta(
-    before: MetricsSnapshot,
-    after: MetricsSnapshot,
-    model_name: str | None = None,
-    engine: str | int | None = None,
-) -> SpecDecodeDelta:
-    """Spec-decode counters between two snapshots, for one served model and engine when given.
-
-    Without speculation the counters are absent: every count is then 0 and acceptance_length None.
-    """
-    labels = {"model_name": model_name, "engine": engine}
-    positions = sorted(
-        {
-            int(s.labels["position"])
-            for s in after.select(SPEC_DECODE_ACCEPTED_PER_POS, **labels)
-            if "position" in s.labels
-        }
-    )
-    per_position = [
-        _int_delta(before, after, SPEC_DECODE_ACCEPTED_PER_POS, position=str(p), **labels) or 0
-        for p in positions
-    ]
-    by_reason: dict[str, int] = {}
-    for reason in sorted(
-        {s.labels.get("finished_reason", "") for s in after.select(REQUEST_SUCCESS, **labels)}
-    ):
-        if reason:
-            by_reason[reason] = (
-                _int_delta(before, after, REQUEST_SUCCESS, finished_reason=reason, **labels) or 0
-            )
-    return SpecDecodeDelta(
-        drafts=_int_delta(before, after, SPEC_DECODE_DRAFTS, **labels) or 0,
-        draft_tokens=_int_delta(before, after, SPEC_DECODE_DRAFT_TOKENS, **labels) or 0,
-        accepted_tokens=_int_delta(before, after, SPEC_DECODE_ACCEPTED_TOKENS, **labels) or 0,
-        accepted_per_position=per_position,
-        generation_tokens=_int_delta(before, after, GENERATION_TOKENS, **labels),
-        prompt_tokens=_int_delta(before, after, PROMPT_TOKENS, **labels),
-        requests_succeeded=_int_delta(before, after, REQUEST_SUCCESS, **labels),
-        requests_by_finish_reason=by_reason,
-        interval_s=(after.timestamp - before.timestamp).total_seconds(),
-    )
+def label_values(snapshot: MetricsSnapshot, name: str, label: str, **labels: Any) -> list[str]:
+    """The values a label takes on the samples of `name` (e.g. every `position`), sorted numerically."""
+    found = {s.labels[label] for s in snapshot.select(name, **labels) if label in s.labels}
+    return sorted(found, key=lambda v: (not v.lstrip("-").isdigit(), int(v) if v.lstrip("-").isdigit() else 0, v))

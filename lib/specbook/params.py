@@ -7,7 +7,6 @@ once and before any server starts.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -17,6 +16,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from specbook import dotted as dotted_path
+from specbook.digest import sha256_bytes
 from specbook.errors import ParamsError
 
 __all__ = [
@@ -106,39 +107,11 @@ def parse_override(override: str) -> tuple[list[str], Any]:
 
 
 def _set_path(data: dict[str, Any], parts: list[str], value: Any, override: str) -> None:
-    node: Any = data
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        here = ".".join(parts[: depth + 1])
-        if isinstance(node, list):
-            if not part.lstrip("-").isdigit():
-                raise ParamsError(f"override {override!r}: {here}: index into a list must be an integer")
-            index = int(part)
-            # index == len appends, so a list can be extended from the command line
-            if not -len(node) <= index <= len(node):
-                raise ParamsError(
-                    f"override {override!r}: {here}: index {index} out of range (list has {len(node)} items)"
-                )
-            if index == len(node):
-                node.append(None if last else {})
-            if last:
-                node[index] = value
-                return
-            if node[index] is None:
-                node[index] = {}
-            node = node[index]
-        elif isinstance(node, dict):
-            if last:
-                node[part] = value
-                return
-            if node.get(part) is None:
-                node[part] = {}
-            node = node[part]
-        else:
-            parent = ".".join(parts[:depth]) or "<root>"
-            raise ParamsError(
-                f"override {override!r}: {parent} is a {type(node).__name__}, cannot set {part!r} inside it"
-            )
+    # index == len appends, so a list can be extended from the command line
+    try:
+        dotted_path.set_path(data, parts, value, append=True)
+    except dotted_path.DottedPathError as exc:
+        raise ParamsError(f"override {override!r}: {exc.where}: {exc}") from None
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -173,7 +146,7 @@ def canonical_json(params: BaseModel) -> str:
 
 def params_hash(params: BaseModel) -> str:
     """sha256 of the canonical JSON of the validated params (key order and YAML spelling do not matter)."""
-    return hashlib.sha256(canonical_json(params).encode("utf-8")).hexdigest()
+    return sha256_bytes(canonical_json(params))
 
 
 def dump_params(params: BaseModel, path: str | os.PathLike[str]) -> Path:

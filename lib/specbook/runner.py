@@ -26,26 +26,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook import __version__
+from specbook.digest import sha256_file_or_none
 from specbook.errors import NotebookExecutionError, RunError
-from specbook.params import dump_params, load_params, params_display_name, params_hash
-from specbook.paths import outputs_dir, project_root
-from specbook.provenance import (
+from specbook.fingerprint import git_info, hardware_fingerprint, library_versions, python_info
+from specbook.manifest import (
     MANIFEST_NAME,
     FailedCell,
     Manifest,
     RenderRecord,
-    RunContext,
-    file_sha256,
-    git_info,
-    hardware_fingerprint,
-    host_summary,
     iso_utc,
-    library_versions,
-    python_info,
     read_manifest,
     utc_now,
     write_manifest,
 )
+from specbook.params import dump_params, load_params, params_display_name, params_hash
+from specbook.paths import outputs_dir, project_root
+from specbook.report_tables import host_summary
+from specbook.runstore import RunContext
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -371,7 +368,7 @@ def run_experiment(
         params=params.model_dump(mode="json"),
         params_hash=params_hash(params),
         notebook=str(nb_path),
-        notebook_sha256=file_sha256(nb_path),
+        notebook_sha256=sha256_file_or_none(nb_path),
         kernel=kernel,
         command=list(sys.argv),
         runner={"hostname": socket.gethostname(), "pid": os.getpid()},
@@ -464,7 +461,7 @@ def render_run(
             at=iso_utc(utc_now()),
             host=_render_host(),
             notebook=str(nb_path),
-            notebook_sha256=file_sha256(nb_path),
+            notebook_sha256=sha256_file_or_none(nb_path),
             status=status,
             failed_cell=failed_cell,
         )

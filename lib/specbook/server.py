@@ -24,8 +24,8 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from specbook.envline import format_env_line
 from specbook.errors import ServerStartError, ServerTeardownError
-from specbook.logparse import format_env_line
 
 # Env names whose values never reach a log or manifest.
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)

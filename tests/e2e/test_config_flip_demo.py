@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specbook.experiments import config_flip as cf
-from specbook.provenance import RunContext
+from specbook.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import pytest
 
 from specbook.experiments import cross_engine as ce
 from specbook.params import load_params
-from specbook.provenance import RunContext
+from specbook.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

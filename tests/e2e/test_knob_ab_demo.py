@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specbook.experiments import knob_ab
-from specbook.provenance import RunContext
+from specbook.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbook.provenance import read_manifest
+from specbook.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 

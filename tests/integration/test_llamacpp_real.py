@@ -15,7 +15,7 @@ from specbook.engines import EngineConfig, get_engine, launch
 from specbook.guards import SideOutputs, degenerate_reasons, first_divergence, guard_cell
 from specbook.metrics import scrape
 from specbook.models import DRAFT_INT4, TARGET
-from specbook.weights import compare_with_source_gguf, derive_gguf, weights_proof
+from specbook.models.weights import compare_with_source_gguf, derive_gguf, weights_proof
 
 pytestmark = pytest.mark.integration
 

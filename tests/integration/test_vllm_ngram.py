@@ -9,7 +9,8 @@ import pytest
 from specbook import metrics
 from specbook.client import ChatRequest, run_requests_sync
 from specbook.engines import get_engine
-from specbook.logparse import parse_env_line, parse_log
+from specbook.engines.vllm.logparse import parse_log
+from specbook.envline import parse_env_line
 
 pytestmark = pytest.mark.integration
 

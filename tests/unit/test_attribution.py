@@ -12,8 +12,8 @@ from specbook.attribution import (
     knob_keys,
     parse_argv_options,
 )
+from specbook.engines.vllm.logparse import format_env_line, parse_env_line
 from specbook.errors import AttributionError
-from specbook.logparse import format_env_line, parse_env_line
 
 MODELS = "/root/.cache/specbook/models"
 PY = "/work/main/.venv/bin/python"

@@ -27,7 +27,7 @@ from specbook.errors import (
     RunError,
     ServerStartError,
 )
-from specbook.provenance import read_manifest
+from specbook.manifest import read_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOTEBOOKS = FIXTURES / "notebooks"

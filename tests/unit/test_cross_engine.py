@@ -13,7 +13,7 @@ import yaml
 from specbook.errors import ParamsError, PinMismatchError
 from specbook.experiments import cross_engine as ce
 from specbook.params import load_params
-from specbook.provenance import RunContext
+from specbook.runstore import RunContext
 
 DEMO = Path(__file__).resolve().parents[2] / "params" / "cross_engine" / "cpu-demo.yaml"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specbook.logparse import parse_log
-from specbook.startup import SAME_AS_TARGET, log_startup_facts
+from specbook.engines.vllm.logparse import parse_log
+from specbook.engines.vllm.startup import SAME_AS_TARGET, log_startup_facts
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 BASELINE = LOGS / "vllm-cuda-0.26-h200-draft-model.log"

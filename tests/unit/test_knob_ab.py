@@ -179,7 +179,7 @@ def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(
 
     from specbook.engines import list_engines, register_engine
     from specbook.errors import RunError
-    from specbook.provenance import RunContext
+    from specbook.runstore import RunContext
     from specbook.server import ServerSpec
 
     if "stub-exit" not in list_engines():

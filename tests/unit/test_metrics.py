@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook import logparse, metrics
+from specbook.engines.vllm import logparse, metrics
 from specbook.errors import MetricsError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -14,24 +14,18 @@ import pandas as pd
 import pytest
 
 from specbook.errors import RunError
-from specbook.provenance import (
+from specbook.fingerprint import (
     GIT_SHA_ENV,
-    GitInfo,
-    Manifest,
-    RunContext,
     cpu_fingerprint,
     git_info,
     hardware_fingerprint,
-    host_summary,
-    iso_utc,
     library_versions,
     parse_lscpu,
     parse_nvidia_smi_csv,
-    read_manifest,
-    servers_summary,
-    where_it_ran,
-    write_manifest,
 )
+from specbook.manifest import GitInfo, Manifest, iso_utc, read_manifest, write_manifest
+from specbook.report_tables import host_summary, servers_summary, where_it_ran
+from specbook.runstore import RunContext
 
 # --------------------------------------------------------------------------------------------------
 # RunContext

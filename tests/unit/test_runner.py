@@ -29,9 +29,10 @@ from specbook.experiments.registry import (
     list_experiments,
     register_experiment,
 )
+from specbook.fingerprint import git_info
+from specbook.manifest import read_manifest, write_manifest
 from specbook.params import load_params, params_hash
 from specbook.paths import project_root
-from specbook.provenance import git_info, read_manifest, write_manifest
 from specbook.runner import check_kernel, list_runs, make_run_dir, render_run, run_experiment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from specbook.envline import parse_env_line
 from specbook.errors import ServerStartError
-from specbook.logparse import parse_env_line
 from specbook.server import REDACTED, ManagedServer, ServerSpec, env_diff, free_port, redact_env
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"

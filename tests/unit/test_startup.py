@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.startup import log_startup_facts, startup_facts
+from specbook.engines.vllm.startup import log_startup_facts, startup_facts
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from specbook.metrics import MetricsSnapshot, SpecDecodeDelta
+    import pandas as pd
+
+    from specbook.metrics import CounterDelta, MetricsSnapshot
     from specbook.server import ServerSpec
 
 class EngineConfig(BaseModel):
@@ -28,7 +31,7 @@ class EngineConfig(BaseModel):
     dtype: str | None = None
     # vLLM: --attention-backend NAME (FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...); None lets vLLM choose. It
     # reaches the target only: vLLM 0.26 picks the draft's backend itself unless speculative_config names
-    # one (attention_backend there). specbook.startup reads from the log what each of them used.
+    # one (attention_backend there). specbook.engines.vllm.startup reads from the log what each of them used.
     attention_backend: str | None = None
     enforce_eager: bool = True
     seed: int | None = 0
@@ -53,7 +56,17 @@ class Engine(Protocol):
 
     def spec_decode_delta(
         self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
-    ) -> SpecDecodeDelta: ...
+    ) -> CounterDelta:
+        """What the server's counters accrued between two scrapes, through the acceptance model."""
+        ...
+
+    def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
+        """What the server's log says of its start (attention backends, KV cache, load times); {} if nothing."""
+        ...
+
+    def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
+        """The acceptance records the server's log holds (vLLM: per stats interval; llama.cpp: per request)."""
+        ...
 
 
 def is_embedded_name(model: str) -> bool:

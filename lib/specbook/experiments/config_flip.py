@@ -58,7 +58,7 @@ class FlipSpec(BaseModel):
     @classmethod
     def _dotted(cls, v: str) -> str:
         try:
-            flip.split_dotted_path(v)
+            flip.check_dotted_path(v)
         except ExperimentError as exc:  # pydantic wraps ValueError with the field's location
             raise ValueError(str(exc)) from None
         return v
@@ -328,7 +328,7 @@ def _scrape(base_url: str) -> Any:
 
 
 def _log_intervals(log_path: Path, label: str) -> pd.DataFrame | None:
-    from specbook.logparse import intervals_frame, parse_log
+    from specbook.engines.vllm.logparse import intervals_frame, parse_log
 
     frame = intervals_frame(parse_log(log_path))
     if frame is None or frame.empty:

@@ -1,7 +1,7 @@
 """Cross-engine comparison: our engine against a pinned oracle engine, with guards before any ratio.
 
 Matched work, enforced by the params schema: the same target (an embedded name or the same path:
-llama.cpp gets a GGUF bit-identical to the safetensors vLLM loads, see specbook.weights), the same
+llama.cpp gets a GGUF bit-identical to the safetensors vLLM loads, see specbook.models.weights), the same
 lane (speculation off / a speculative_config with the same draft and k) on both sides, the same
 max concurrent sequences, greedy decoding, the same prompts and max_tokens; chat prompts are
 templated by each server from the same template (the prompt-length guard checks they agree).
@@ -233,7 +233,7 @@ def _log_slice(path: Path, start: int) -> str:
 
 def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
     """For every llama.cpp side: the derived GGUFs' proof of identical weights (target and draft)."""
-    from specbook.weights import derive_gguf, weights_proof
+    from specbook.models.weights import derive_gguf, weights_proof
 
     proofs: dict[str, Any] = {}
     models = {params.ours.engine.model, params.oracle.engine.model}

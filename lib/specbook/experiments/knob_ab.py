@@ -23,11 +23,11 @@ from specbook import attribution, decision, stats, steady
 from specbook.arms import ARM_JOIN, BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
 from specbook.decision import DecisionRule
 from specbook.engines.base import EngineConfig
+from specbook.engines.vllm.startup import log_startup_facts
 from specbook.errors import ExperimentError, ParamsError, RunError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.params import ExperimentParams
 from specbook.paths import project_root
-from specbook.startup import log_startup_facts
 
 NAME = "knob_ab"
 # Frames saved in data/ (one parquet each) and what they hold.
@@ -245,7 +245,7 @@ def run_name(order: int, sweep: int, arm: Arm) -> str:
 
 
 def _log_frame(log_path: Path, run_id: str) -> tuple[pd.DataFrame, dict[str, str] | None, dict[str, int]]:
-    from specbook.logparse import intervals_frame, parse_log
+    from specbook.engines.vllm.logparse import intervals_frame, parse_log
 
     parsed = parse_log(log_path)
     frame = intervals_frame(parsed)

@@ -7,11 +7,12 @@ With per-token agreement p treated as i.i.d., a k-token draft gives an expected 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from specbook.digest import sha256_bytes
 
 from ..errors import ModelPrepareError
 
@@ -119,7 +120,7 @@ class EncodedTexts:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.ids).encode()).hexdigest()
+        return sha256_bytes(json.dumps(self.ids))
 
 
 def encode_pairs(tokenizer, label: str, pairs: list[tuple[str, str]], max_tokens: int = AGREEMENT_MAX_TOKENS) -> EncodedTexts:

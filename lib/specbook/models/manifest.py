@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from specbook.digest import sha256_file
 
 from ..errors import ModelPrepareError
 
@@ -68,14 +69,6 @@ class ModelManifest(BaseModel):
     versions: dict[str, str]
     prepare_s: float
     created_at: str
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def file_entries(folder: Path) -> dict[str, FileEntry]:

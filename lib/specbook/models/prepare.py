@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from specbook.digest import sha256_file
+
 from .. import paths
 from ..errors import ModelNotPreparedError, ModelPrepareError
 from . import agreement as agr
@@ -31,7 +33,6 @@ from .manifest import (
     SourceInfo,
     file_entries,
     read_manifest,
-    sha256_file,
     verify_folder,
     write_manifest,
 )

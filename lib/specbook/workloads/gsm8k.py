@@ -8,7 +8,6 @@ say exactly which questions it asked.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from specbook.digest import sha256_bytes
 from specbook.errors import WorkloadError
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str]:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{path} line {n}: not JSON ({exc.msg})") from exc
-    return rows, hashlib.sha256(raw).hexdigest()
+    return rows, sha256_bytes(raw)
 
 
 def _load_hub(split: str) -> list[dict[str, Any]]:

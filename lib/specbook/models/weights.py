@@ -13,16 +13,16 @@ layout is recorded for both sides, and `identical` is True only if all match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from pathlib import Path
 
 import numpy as np
 
+from specbook.digest import sha256_bytes
+from specbook.digest import sha256_file as _sha256_file
 from specbook.errors import ModelPrepareError
 from specbook.models.convert import hf_name
-from specbook.models.manifest import sha256_file as _sha256_file
 from specbook.paths import cache_dir
 
 WEIGHTS_FILE = "model.safetensors"
@@ -85,7 +85,7 @@ def f32_to_bf16_exact(values: np.ndarray, what: str) -> np.ndarray:
 
 
 def _tensor_digest(bits: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(bits, dtype="<u2").tobytes()).hexdigest()
+    return sha256_bytes(np.ascontiguousarray(bits, dtype="<u2").tobytes())
 
 
 def _model_folder(model: str | Path) -> Path:
@@ -185,7 +185,7 @@ def verify_identical(folder: Path, gguf_file: Path) -> dict:
         if ours != theirs:
             mismatched.append(name)
     missing = sorted(set(state) - set(digests) - {"lm_head.weight"})
-    combined = hashlib.sha256("".join(d["safetensors"] for _, d in sorted(digests.items())).encode()).hexdigest()
+    combined = sha256_bytes("".join(d["safetensors"] for _, d in sorted(digests.items())))
     return {
         "identical": not mismatched and not missing,
         "tensors": len(digests),

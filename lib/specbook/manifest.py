@@ -1,0 +1,136 @@
+"""manifest.json: what a run was (params, git, versions, hardware, servers, renders, status), and its schema.
+
+The manifest is written twice: a preliminary one before the notebook starts (status "running"), and the
+final one after it ends, so even a killed run leaves a record of what it was about to do.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from specbook.errors import RunError
+
+MANIFEST_NAME = "manifest.json"
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso_utc(when: datetime | float | int | str | None) -> str | None:
+    """UTC ISO-8601 for a datetime, an epoch in seconds, or a string kept as given."""
+    if when is None or isinstance(when, str):
+        return when
+    if isinstance(when, (int, float)):
+        return datetime.fromtimestamp(when, timezone.utc).isoformat()
+    if when.tzinfo is None:  # naive datetimes from the lib are local wall time
+        when = when.astimezone()
+    return when.astimezone(timezone.utc).isoformat()
+
+
+class ServerRecord(BaseModel):
+    """One engine server a run launched (a line of servers.jsonl)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict, description="redacted env diff vs the parent")
+    versions: dict[str, Any] = Field(default_factory=dict)
+    started_at: str | None = None
+    stopped_at: str | None = None
+    ready_s: float | None = None
+    log_path: str | None = None
+    startup: dict[str, Any] = Field(
+        default_factory=dict, description="what the server's log says of its start (specbook.engines.vllm.startup)"
+    )
+    extra: dict[str, Any] = Field(default_factory=dict)
+    status: Literal["ok", "failed", "interrupted"] | None = Field(
+        None, description="how the server's unit of work ended (None in runs recorded before this field)"
+    )
+    error: str | None = None
+
+
+class GitInfo(BaseModel):
+    sha: str = "unknown"
+    short_sha: str = "nogit"
+    dirty: bool | Literal["unknown"] = "unknown"
+    root: str | None = None
+
+
+class FailedCell(BaseModel):
+    """The cell that failed: its index in the executed report and in the source notebook."""
+
+    report_index: int | None = None
+    notebook_index: int | None = None
+    exec_count: int | None = None
+    first_line: str = ""
+    ename: str = ""
+    evalue: str = ""
+
+    def describe(self) -> str:
+        where = f"cell {self.notebook_index}" if self.notebook_index is not None else "a cell"
+        count = f" (In [{self.exec_count}])" if self.exec_count is not None else ""
+        return f"{where}{count} `{self.first_line}` raised {self.ename}: {self.evalue}"
+
+
+class RenderRecord(BaseModel):
+    at: str
+    host: str | None = Field(default=None, description="where the render ran (the run's data may come from elsewhere)")
+    notebook: str
+    notebook_sha256: str | None = None
+    status: Literal["ok", "failed"]
+    failed_cell: FailedCell | None = None
+
+
+class Manifest(BaseModel):
+    schema_version: int = 1
+    run_id: str
+    experiment: str
+    status: Literal["running", "ok", "failed"] = "running"
+    failed_cell: FailedCell | None = None
+    error: str | None = None
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    command: list[str] = Field(default_factory=list, description="the command line that started the run")
+    runner: dict[str, Any] = Field(default_factory=dict, description="hostname and pid of the runner process")
+    params_file: str
+    params_resolved: str = "params.yaml"
+    overrides: list[str] = Field(default_factory=list)
+    params_name: str
+    params: dict[str, Any]
+    params_hash: str
+    notebook: str
+    notebook_sha256: str | None = None
+    kernel: str
+    git: GitInfo
+    specbook_version: str
+    python: dict[str, str]
+    libraries: dict[str, str | None]
+    engine_versions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    servers: list[ServerRecord] = Field(default_factory=list)
+    renders: list[RenderRecord] = Field(default_factory=list)
+
+
+def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write atomically so a crash mid-write never leaves a half manifest."""
+    path = Path(run_dir) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
+    path = Path(run_dir) / MANIFEST_NAME
+    try:
+        return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunError(f"{path}: no manifest; is this a specbook run folder?") from None
+    except ValueError as exc:
+        raise RunError(f"{path}: unreadable manifest: {exc}") from None

@@ -1,0 +1,167 @@
+"""The run folder: raw frames in data/, server logs in logs/, servers.jsonl. All of a run's file IO.
+
+Frames are written the moment they are saved (atomically), so a later failure keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbook.errors import RunError
+from specbook.manifest import ServerRecord, iso_utc
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SERVERS_NAME = "servers.jsonl"
+
+
+def _redact(env: dict[str, str]) -> dict[str, str]:
+    # servers hand over an already redacted env; redact again so a caller's slip cannot leak a secret
+    from specbook.server import redact_env
+
+    return redact_env({str(k): str(v) for k, v in env.items()})
+
+
+class RunContext:
+    """A run folder: raw frames in data/, server logs in logs/, servers.jsonl, manifest.json.
+
+    Frames are written the moment they are saved, so a later failure keeps what was measured.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]):
+        if not str(run_dir):
+            raise RunError("run_dir is empty: a RunContext needs the run folder the runner made")
+        self.run_dir = Path(run_dir).resolve()
+        self.data_dir = self.run_dir / "data"
+        self.logs_dir = self.run_dir / "logs"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | os.PathLike[str]) -> RunContext:
+        """Open an existing run folder (it must exist)."""
+        path = Path(run_dir)
+        if not path.is_dir():
+            raise RunError(f"{path}: run folder does not exist")
+        return cls(path)
+
+    def __repr__(self) -> str:
+        return f"RunContext({str(self.run_dir)!r})"
+
+    @staticmethod
+    def _check_name(name: str, what: str) -> str:
+        if not name or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or name.startswith("."):
+            raise RunError(f"{what} name {name!r}: use letters, digits, '_', '-', '.' only")
+        return name
+
+    def log_path(self, server_name: str) -> Path:
+        return self.logs_dir / f"{self._check_name(server_name, 'server')}.log"
+
+    def _existing_log(self, server_name: str) -> str | None:
+        try:
+            path = self.log_path(server_name)
+        except RunError:
+            return None
+        return str(path.relative_to(self.run_dir)) if path.exists() else None
+
+    def record_server(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        versions: dict[str, Any],
+        started_at: datetime | float | str | None,
+        stopped_at: datetime | float | str | None = None,
+        ready_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+        startup: dict[str, Any] | None = None,
+        status: str | None = None,
+        error: str | None = None,
+    ) -> ServerRecord:
+        """Append one server to servers.jsonl (the manifest collects them at the end of the run)."""
+        log = self._existing_log(name)
+        record = ServerRecord(
+            name=name,
+            argv=[str(a) for a in argv],
+            env=_redact(dict(env)),
+            versions=dict(versions),
+            started_at=iso_utc(started_at),
+            stopped_at=iso_utc(stopped_at),
+            ready_s=ready_s,
+            log_path=log,
+            startup=dict(startup or {}),
+            extra=dict(extra or {}),
+            status=status,
+            error=error,
+        )
+        with open(self.run_dir / SERVERS_NAME, "a", encoding="utf-8") as fh:
+            fh.write(record.model_dump_json() + "\n")
+        return record
+
+    def servers(self) -> list[ServerRecord]:
+        path = self.run_dir / SERVERS_NAME
+        if not path.exists():
+            return []
+        records = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(ServerRecord.model_validate_json(line))
+            except ValueError as exc:
+                raise RunError(f"{path}:{lineno}: bad server record: {exc}") from None
+        return records
+
+    def frame_path(self, name: str) -> Path:
+        return self.data_dir / f"{self._check_name(name, 'frame')}.parquet"
+
+    def save_frame(self, name: str, df: pd.DataFrame) -> Path:
+        path = self.frame_path(name)
+        tmp = path.with_suffix(".parquet.tmp")
+        df.to_parquet(tmp)
+        os.replace(tmp, path)
+        return path
+
+    def append_frame(self, name: str, rows: pd.DataFrame) -> Path:
+        """Add rows to a saved frame (or start it) and save at once: what one unit of work measured is on
+        disk before the next unit starts."""
+        import pandas as pd
+
+        if self.has_frame(name) and len(rows):
+            rows = pd.concat([self.load_frame(name), rows], ignore_index=True)
+        elif self.has_frame(name):
+            return self.frame_path(name)
+        return self.save_frame(name, rows)
+
+    def load_frame(self, name: str) -> pd.DataFrame:
+        import pandas as pd
+
+        path = self.frame_path(name)
+        if not path.exists():
+            saved = sorted(p.stem for p in self.data_dir.glob("*.parquet"))
+            raise RunError(f"{path}: no saved frame {name!r}; saved frames: {', '.join(saved) or 'none'}")
+        return pd.read_parquet(path)
+
+    def has_frame(self, name: str) -> bool:
+        return self.frame_path(name).exists()
+
+    def save_json(self, name: str, obj: Any) -> Path:
+        path = self.data_dir / f"{self._check_name(name, 'json')}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def load_json(self, name: str) -> Any:
+        path = self.data_dir / f"{self._check_name(name, 'json')}.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise RunError(f"{path}: no saved json {name!r}") from None
