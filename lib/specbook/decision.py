@@ -7,7 +7,7 @@ check it by eye and see which rule it was judged by.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,99 @@ def _check_margin(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) -> Non
         )
 
 
+def _criterion(
+    name: str, passed: bool | None, value: float, threshold: float, body: str, *, required: bool = True
+) -> Criterion:
+    return Criterion(name, passed, value, threshold, _line(name, passed, body), required=required)
+
+
+def _le(ok: bool) -> str:
+    return "<=" if ok else ">"
+
+
+def sweeps_criterion(rule: DecisionRule, baseline: ArmSummary, variant: ArmSummary) -> Criterion:
+    """Enough independent sweeps in both arms."""
+    n_min = min(baseline.n, variant.n)
+    ok = n_min >= rule.min_sweeps
+    return _criterion(
+        "sweeps",
+        ok,
+        n_min,
+        rule.min_sweeps,
+        f"min sweeps per arm = {n_min} (baseline {baseline.n}, variant {variant.n}) >= {rule.min_sweeps} required",
+    )
+
+
+def delta_pct_criterion(rule: DecisionRule, delta_pct: float) -> Criterion:
+    """|delta| as % of the baseline mean within max_abs_delta_pct."""
+    ok = abs(delta_pct) <= rule.max_abs_delta_pct
+    return _criterion(
+        "delta_pct",
+        ok,
+        delta_pct,
+        rule.max_abs_delta_pct,
+        f"|delta| = {abs(delta_pct):.3f}% of baseline mean {_le(ok)} {rule.max_abs_delta_pct:g}% "
+        f"(delta {delta_pct:+.3f}%)",
+    )
+
+
+def delta_over_sd_criterion(
+    rule: DecisionRule, row: Mapping[str, Any] | pd.Series, baseline: ArmSummary, deterministic: bool
+) -> Criterion:
+    """|delta| in baseline-sd units within max_abs_delta_over_sd; n/a when both arms are deterministic."""
+    ratio = float(_get(row, "delta_over_baseline_sd"))
+    threshold = rule.max_abs_delta_over_sd
+    if deterministic:
+        return _criterion("delta_over_sd", None, ratio, threshold, "n/a: deterministic (sd = 0 in both arms)")
+    if math.isnan(ratio):
+        note = str(_get(row, "sd_ratio_note")) or "undefined"
+        return _criterion("delta_over_sd", False, ratio, threshold, f"|delta|/baseline sd undefined: {note}")
+    ok = abs(ratio) <= threshold
+    return _criterion(
+        "delta_over_sd",
+        ok,
+        ratio,
+        threshold,
+        f"|delta| = {abs(ratio):.2f} x baseline sd ({baseline.sd:.4g}) {_le(ok)} {threshold:g}",
+    )
+
+
+def tost_criterion(rule: DecisionRule, row: Mapping[str, Any] | pd.Series, deterministic: bool) -> Criterion:
+    """TOST p < alpha for the rule's margin (required or reported only); n/a when deterministic."""
+    tost_p = float(_get(row, "tost_p"))
+    req = rule.require_tost
+    if deterministic:
+        return _criterion(
+            "tost", None, tost_p, rule.alpha, "n/a: deterministic (t undefined with zero variance)", required=req
+        )
+    if math.isnan(tost_p):
+        status = str(_get(row, "tost_status"))
+        return _criterion("tost", False, tost_p, rule.alpha, f"TOST not computable: {status}", required=req)
+    ok = tost_p < rule.alpha
+    return _criterion(
+        "tost",
+        ok,
+        tost_p,
+        rule.alpha,
+        f"TOST p = {tost_p:.4g} {'<' if ok else '>='} alpha {rule.alpha:g} for +/-{rule.tost_margin_pct:g}% margin"
+        + ("" if req else " (reported only)"),
+        required=req,
+    )
+
+
+def deterministic_margin_criterion(rule: DecisionRule, delta_pct: float) -> Criterion:
+    """Deterministic runs only: |delta| within the TOST margin decides on its own."""
+    ok = abs(delta_pct) <= rule.tost_margin_pct
+    return _criterion(
+        "deterministic_margin",
+        ok,
+        delta_pct,
+        rule.tost_margin_pct,
+        f"runs are deterministic, so the margin alone decides: "
+        f"|delta| = {abs(delta_pct):.3f}% {_le(ok)} {rule.tost_margin_pct:g}%",
+    )
+
+
 def evaluate(
     rule: DecisionRule,
     comparison_row: Mapping[str, Any] | pd.Series,
@@ -126,137 +219,14 @@ def evaluate(
     arm, base_name = str(_get(comparison_row, "arm")), str(_get(comparison_row, "baseline"))
     delta_pct = float(_get(comparison_row, "delta_pct"))
     deterministic = baseline_summary.deterministic and variant_summary.deterministic
-    crit: list[Criterion] = []
-
-    n_min = min(baseline_summary.n, variant_summary.n)
-    ok = n_min >= rule.min_sweeps
-    crit.append(
-        Criterion(
-            "sweeps",
-            ok,
-            n_min,
-            rule.min_sweeps,
-            _line(
-                "sweeps",
-                ok,
-                f"min sweeps per arm = {n_min} (baseline {baseline_summary.n}, "
-                f"variant {variant_summary.n}) >= {rule.min_sweeps} required",
-            ),
-        )
-    )
-
-    ok = abs(delta_pct) <= rule.max_abs_delta_pct
-    crit.append(
-        Criterion(
-            "delta_pct",
-            ok,
-            delta_pct,
-            rule.max_abs_delta_pct,
-            _line(
-                "delta_pct",
-                ok,
-                f"|delta| = {abs(delta_pct):.3f}% of baseline mean "
-                f"{'<=' if ok else '>'} {rule.max_abs_delta_pct:g}% (delta {delta_pct:+.3f}%)",
-            ),
-        )
-    )
-
-    ratio = float(_get(comparison_row, "delta_over_baseline_sd"))
+    crit = [
+        sweeps_criterion(rule, baseline_summary, variant_summary),
+        delta_pct_criterion(rule, delta_pct),
+        delta_over_sd_criterion(rule, comparison_row, baseline_summary, deterministic),
+        tost_criterion(rule, comparison_row, deterministic),
+    ]
     if deterministic:
-        crit.append(
-            Criterion(
-                "delta_over_sd",
-                None,
-                ratio,
-                rule.max_abs_delta_over_sd,
-                _line("delta_over_sd", None, "n/a: deterministic (sd = 0 in both arms)"),
-            )
-        )
-    elif math.isnan(ratio):
-        note = str(_get(comparison_row, "sd_ratio_note")) or "undefined"
-        crit.append(
-            Criterion(
-                "delta_over_sd",
-                False,
-                ratio,
-                rule.max_abs_delta_over_sd,
-                _line("delta_over_sd", False, f"|delta|/baseline sd undefined: {note}"),
-            )
-        )
-    else:
-        ok = abs(ratio) <= rule.max_abs_delta_over_sd
-        crit.append(
-            Criterion(
-                "delta_over_sd",
-                ok,
-                ratio,
-                rule.max_abs_delta_over_sd,
-                _line(
-                    "delta_over_sd",
-                    ok,
-                    f"|delta| = {abs(ratio):.2f} x baseline sd ({baseline_summary.sd:.4g}) "
-                    f"{'<=' if ok else '>'} {rule.max_abs_delta_over_sd:g}",
-                ),
-            )
-        )
-
-    tost_p = float(_get(comparison_row, "tost_p"))
-    if deterministic:
-        crit.append(
-            Criterion(
-                "tost",
-                None,
-                tost_p,
-                rule.alpha,
-                _line("tost", None, "n/a: deterministic (t undefined with zero variance)"),
-                required=rule.require_tost,
-            )
-        )
-        ok = abs(delta_pct) <= rule.tost_margin_pct
-        crit.append(
-            Criterion(
-                "deterministic_margin",
-                ok,
-                delta_pct,
-                rule.tost_margin_pct,
-                _line(
-                    "deterministic_margin",
-                    ok,
-                    f"runs are deterministic, so the margin alone decides: "
-                    f"|delta| = {abs(delta_pct):.3f}% {'<=' if ok else '>'} {rule.tost_margin_pct:g}%",
-                ),
-            )
-        )
-    elif math.isnan(tost_p):
-        status = str(_get(comparison_row, "tost_status"))
-        crit.append(
-            Criterion(
-                "tost",
-                False,
-                tost_p,
-                rule.alpha,
-                _line("tost", False, f"TOST not computable: {status}"),
-                required=rule.require_tost,
-            )
-        )
-    else:
-        ok = tost_p < rule.alpha
-        crit.append(
-            Criterion(
-                "tost",
-                ok,
-                tost_p,
-                rule.alpha,
-                _line(
-                    "tost",
-                    ok,
-                    f"TOST p = {tost_p:.4g} {'<' if ok else '>='} alpha {rule.alpha:g} "
-                    f"for +/-{rule.tost_margin_pct:g}% margin"
-                    + ("" if rule.require_tost else " (reported only)"),
-                ),
-                required=rule.require_tost,
-            )
-        )
+        crit.append(deterministic_margin_criterion(rule, delta_pct))
 
     equivalent = all(c.passed for c in crit if c.required and c.passed is not None)
     head = f"{arm} vs {base_name}: {'EQUIVALENT' if equivalent else 'NOT SHOWN EQUIVALENT'}"
@@ -334,6 +304,9 @@ def evaluate_difference(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) 
     )
 
 
+EXPECTATIONS = ("equivalent", "different")
+
+
 def compare_and_decide(
     df: pd.DataFrame,
     arm_col: str,
@@ -343,16 +316,39 @@ def compare_and_decide(
     *,
     n_boot: int = 10_000,
     seed: int = 0,
-) -> tuple[pd.DataFrame, list[Verdict]]:
-    """delta_vs_baseline with the rule's margin, then evaluate() on every variant arm."""
+    arms: Sequence[str] | None = None,
+    expectation: Callable[[str], str] | None = None,
+) -> tuple[pd.DataFrame, list[Verdict | DifferenceVerdict]]:
+    """delta_vs_baseline with the rule's margin, then one verdict per variant arm.
+
+    arms: compare only these variants (with the baseline); None: every arm in `df`.
+    expectation: arm name -> "different" (judged by evaluate_difference, a positive control) or
+    "equivalent" (judged by evaluate); None judges every arm for equivalence.
+    """
+    if arms is not None:
+        if arm_col not in df.columns:
+            raise ExperimentError(f"frame lacks column {arm_col!r}; it has {list(df.columns)}")
+        present = {str(a) for a in pd.unique(df[arm_col])}
+        missing = [a for a in arms if a not in present]
+        if missing:
+            raise ExperimentError(f"arms {missing} are not in column {arm_col!r}; arms: {sorted(present)}")
+        df = df[df[arm_col].isin([baseline, *arms])]
     rows = delta_vs_baseline(
         df, arm_col, value_col, baseline, margin_pct=rule.tost_margin_pct, n_boot=n_boot, seed=seed
     )
     base = summarize(df.loc[df[arm_col] == baseline, value_col])
-    verdicts = [
-        evaluate(rule, row, base, summarize(df.loc[df[arm_col] == row["arm"], value_col]))
-        for _, row in rows.iterrows()
-    ]
+    verdicts: list[Verdict | DifferenceVerdict] = []
+    for _, row in rows.iterrows():
+        arm = row["arm"]
+        expected = "equivalent" if expectation is None else expectation(arm)
+        if expected not in EXPECTATIONS:
+            raise ExperimentError(
+                f"expectation for arm {arm!r} is {expected!r}; expected one of {', '.join(EXPECTATIONS)}"
+            )
+        if expected == "different":
+            verdicts.append(evaluate_difference(rule, row))
+        else:
+            verdicts.append(evaluate(rule, row, base, summarize(df.loc[df[arm_col] == arm, value_col])))
     return rows, verdicts
 
 

@@ -6,6 +6,7 @@ Attribution reads a server's real settings from it, whatever engine wrote the re
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 ENV_PREFIX = "Env:"
 
@@ -38,3 +39,18 @@ def parse_env_line(line: str) -> dict[str, str] | None:
     return env
 
 
+
+
+def read_env_line(path: str | Path, max_lines: int = 50) -> dict[str, str] | None:
+    """The env of the first `Env:` line among a log's first lines (the launcher writes it first); None if none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for _, line in zip(range(max_lines), fh, strict=False):
+                if line.startswith(ENV_PREFIX):
+                    try:
+                        return parse_env_line(line)
+                    except ValueError:
+                        return None
+    except OSError:
+        return None
+    return None

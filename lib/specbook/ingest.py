@@ -1,103 +1,131 @@
-"""`specbook ingest FILE... --json`: one summary per server log, the engine detected from its content."""
+"""`specbook ingest FILE... --json`: one summary per server log, the engine detected from the log's content.
+
+Each registered engine adapter (specbook.engines) recognises its own log (`detect_log(head_lines)`: how
+many of the first lines carry its signatures) and summarises it through its own log parser
+(`summarise_log(path)`); this module only checks the files, picks the engine with most hits and writes
+the result in one schema, IngestResult. Formats specbook can recognise but not read yet (SGLang) are
+named in the error.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from specbook.engines.vllm import logparse
+from specbook.acceptance import DEFINITION, FIRST_POSITION, Acceptance
+from specbook.engines import get_engine, list_engines
 from specbook.errors import IngestError
 
-# How many leading lines the engine detector reads (startup banners come first).
+# How much of a file's head the engine detector reads (startup banners come first).
 _DETECT_LINES = 2000
+_DETECT_BYTES = 1 << 20
 
-# Signatures of each engine's log lines; the engine with most hits in the head of the file wins.
-ENGINE_SIGNATURES: dict[str, list[re.Pattern[str]]] = {
-    "vllm": [
-        re.compile(r"\((?:APIServer|EngineCore[^ ]*) pid=\d+\)"),
-        re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w./-]+\.py:\d+\]"),
-        re.compile(r"vllm|vLLM"),
-        re.compile(r"SpecDecoding metrics: |Engine \d{3}: Avg prompt throughput"),
-    ],
-    "llama.cpp": [
-        re.compile(r"llama_model_loader|llama_context|ggml_|srv +update_slots|slot +\w+: id"),
-    ],
+# Logs specbook recognises but has no reader for yet: name -> signatures (searched in each head line).
+UNREAD_FORMATS: dict[str, list[re.Pattern[str]]] = {
     "sglang": [
         re.compile(r"sglang|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: TP\d+)?\] (?:Decode|Prefill) batch"),
     ],
 }
 
 
-def _summarise_vllm(path: Path) -> dict[str, Any]:
-    parsed = logparse.parse_log(path)
-    return _vllm_summary(parsed)
+class PositionCount(BaseModel):
+    """Accepted draft tokens at one draft position."""
 
-
-# Engine name -> summariser; only engines whose log format specbook reads are here.
-SUMMARISERS: dict[str, Callable[[Path], dict[str, Any]]] = {"vllm": _summarise_vllm}
+    position: int = Field(description=f"draft position, numbered from {FIRST_POSITION} (the first drafted token)")
+    accepted: float = Field(description="draft tokens accepted at this position (a count)")
+    rate: float | None = Field(description="accepted / drafts; null where the log gives no draft count")
 
 
 class IngestResult(BaseModel):
-    """What `specbook ingest --json` prints per log (NaN written as null)."""
+    """What `specbook ingest FILE... --json` prints: one JSON object per file, one line each.
+
+    Figures follow the acceptance model (specbook.acceptance): AL = 1 + accepted_tokens / drafts (the
+    bonus token counted), acceptance_rate = accepted_tokens / draft_tokens, summed over the whole log (a
+    token-weighted figure, never a mean of per-interval or per-request figures). NaN is written as null.
+
+        {"file": "server.log", "engine": "vllm", "source": "vllm log",
+         "records": 10, "record_kind": "interval",
+         "drafts": 151, "draft_tokens": 604, "accepted_tokens": 320, "k": 4,
+         "al": 3.119, "acceptance_rate": 0.5298,
+         "accepted_per_position": [{"position": 1, "accepted": 118.0, "rate": 0.781}, ...],
+         "env": {"VLLM_LOG_STATS_INTERVAL": "1", ...}, "stats_lines": 12,
+         "total_lines": 213, "unknown_lines": 190, "broken_lines": 0,
+         "first_timestamp": "2026-11-29T22:40:21", "last_timestamp": "2026-11-29T22:40:55",
+         "note": null}
+
+    engine is the registered adapter name (`vllm`, `llamacpp`). A llama-server log prints no draft count
+    (its per-request "mean len" is AL rounded to two decimals), so drafts, al and accepted_per_position
+    are null/empty there and `note` says where they come from instead.
+    """
 
     file: str
-    engine: str
-    intervals: int
+    engine: str = Field(description="registered engine whose log this is")
+    source: str = Field(description="where the counts come from, e.g. 'vllm log'")
+    records: int = Field(description="acceptance records read: vLLM stats intervals, llama.cpp finished requests")
+    record_kind: str = Field(description="'interval' (vLLM) or 'request' (llama.cpp)")
+    drafts: int | None = Field(description="verification steps that carried a draft; null where the log has no count")
+    draft_tokens: int
     accepted_tokens: int
-    drafted_tokens: int
-    drafts: int
-    num_speculative_tokens: int | None
-    mean_acceptance_length: float | None  # whole-file, weighted by drafts
-    per_position_acceptance: list[float | None]  # weighted by each interval's drafts
-    draft_acceptance_rate: float | None
-    env: dict[str, str] | None
-    engine_stats_intervals: int
+    k: int | None = Field(description="draft positions per step (num_speculative_tokens) when the log shows one k")
+    al: float | None = Field(description=DEFINITION)
+    acceptance_rate: float | None = Field(description="accepted_tokens / draft_tokens")
+    accepted_per_position: list[PositionCount] = Field(description=f"positions {FIRST_POSITION}..k, in order")
+    env: dict[str, str] | None = Field(description="the launcher's `Env:` line, when the log has one")
+    stats_lines: int | None = Field(description="vLLM engine stats lines; null for engines without them")
     total_lines: int
     unknown_lines: int
-    broken_lines: int
+    broken_lines: int = Field(description="lines of a known kind whose fields could not be read")
     first_timestamp: datetime | None
     last_timestamp: datetime | None
+    note: str | None = None
 
 
 def _finite(value: float | None) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+    return None if value is None or not math.isfinite(value) else value
 
 
-def _vllm_summary(parsed: logparse.ParsedLog) -> dict[str, Any]:
+def acceptance_fields(acc: Acceptance) -> dict[str, Any]:
+    """IngestResult's acceptance fields from the acceptance model (its figures, never recomputed here)."""
+    rates = acc.position_rates()
     return {
-        "intervals": len(parsed.spec_decoding),
-        "accepted_tokens": parsed.accepted_tokens,
-        "drafted_tokens": parsed.drafted_tokens,
-        "drafts": parsed.num_drafts,
-        "num_speculative_tokens": parsed.num_speculative_tokens,
-        "mean_acceptance_length": parsed.acceptance_length(),
-        "per_position_acceptance": [_finite(p) for p in parsed.per_position_acceptance()],
-        "draft_acceptance_rate": parsed.draft_acceptance_rate(),
-        "env": parsed.env,
-        "engine_stats_intervals": len(parsed.engine_stats),
-        "total_lines": parsed.total_lines,
-        "unknown_lines": parsed.unknown_lines,
-        "broken_lines": parsed.broken_lines,
-        "first_timestamp": parsed.first_timestamp,
-        "last_timestamp": parsed.last_timestamp,
+        "source": acc.source,
+        "drafts": None if acc.drafts is None else int(round(acc.drafts)),
+        "draft_tokens": int(round(acc.draft_tokens)),
+        "accepted_tokens": int(round(acc.accepted_tokens)),
+        "al": _finite(acc.al),
+        "acceptance_rate": _finite(acc.acceptance_rate),
+        "accepted_per_position": [
+            PositionCount(position=pos, accepted=acc.accepted_per_position[pos - FIRST_POSITION],
+                          rate=_finite(rate))
+            for pos, rate in rates.items()
+        ],
     }
 
 
-def detect_engine(lines: Iterable[str]) -> str | None:
-    """The engine whose signatures match most of the given lines; None when none matches."""
-    hits = dict.fromkeys(ENGINE_SIGNATURES, 0)
-    for line in lines:
-        for engine, patterns in ENGINE_SIGNATURES.items():
-            if any(p.search(line) for p in patterns):
-                hits[engine] += 1
+def read_head(path: Path) -> list[str]:
+    """The first lines of a file (at most _DETECT_LINES lines, _DETECT_BYTES bytes), decoded leniently."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_DETECT_BYTES)
+    except OSError as exc:
+        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    return head.decode("utf-8", errors="replace").split("\n")[:_DETECT_LINES]
+
+
+def detect_engine(lines: Sequence[str] | Iterable[str]) -> str | None:
+    """The engine (registered, or a format in UNREAD_FORMATS) with most signature hits in these lines;
+    None when nothing matches."""
+    lines = list(lines)
+    hits = {name: get_engine(name).detect_log(lines) for name in list_engines()}
+    for name, patterns in UNREAD_FORMATS.items():
+        hits[name] = sum(1 for line in lines if any(p.search(line) for p in patterns))
     best = max(hits, key=lambda e: hits[e])
     return best if hits[best] else None
 
@@ -112,24 +140,22 @@ def _check_readable(path: Path) -> None:
 
 
 def ingest_file(path: str | Path) -> dict[str, Any]:
-    """Summary of one server log; IngestError naming the file when it is missing, unreadable or of no known engine."""
+    """IngestResult of one server log, as JSON-ready data; IngestError naming the file when it is missing,
+    unreadable, or no registered engine's log."""
     path = Path(path)
     _check_readable(path)
-    try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            engine = detect_engine(islice(handle, _DETECT_LINES))
-    except OSError as exc:
-        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    engine = detect_engine(read_head(path))
     if engine is None:
+        known = [*list_engines(), *UNREAD_FORMATS]
+        raise IngestError(f"log file {path}: no line looks like a known engine's log ({', '.join(known)})")
+    if engine in UNREAD_FORMATS:
         raise IngestError(
-            f"log file {path}: no line looks like a known engine's log ({', '.join(ENGINE_SIGNATURES)})"
+            f"log file {path} looks like a {engine} log, which specbook recognises but does not read yet; "
+            f"it reads logs of: {', '.join(list_engines())}"
         )
-    summarise = SUMMARISERS.get(engine)
-    if summarise is None:
-        raise IngestError(
-            f"log file {path} looks like a {engine} log; specbook reads only {', '.join(SUMMARISERS)} logs so far"
-        )
-    result = IngestResult(file=str(path), engine=engine, **summarise(path))
+    summary = dict(get_engine(engine).summarise_log(path))
+    acc = summary.pop("acceptance")
+    result = IngestResult(file=str(path), engine=engine, **acceptance_fields(acc), **summary)
     return result.model_dump(mode="json")
 
 

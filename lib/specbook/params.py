@@ -109,7 +109,7 @@ def parse_override(override: str) -> tuple[list[str], Any]:
 def _set_path(data: dict[str, Any], parts: list[str], value: Any, override: str) -> None:
     # index == len appends, so a list can be extended from the command line
     try:
-        dotted_path.set_path(data, parts, value, append=True)
+        dotted_path.set_path(data, parts, value, append=True, negative=True)
     except dotted_path.DottedPathError as exc:
         raise ParamsError(f"override {override!r}: {exc.where}: {exc}") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 # No backend is forced: Jupyter kernels use their inline backend (figures land in the report), and
 # matplotlib falls back to Agg by itself where there is no display.
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -25,10 +26,10 @@ def al_over_time(intervals: pd.DataFrame, kept: pd.DataFrame, *, col_wrap: int =
         steady = part[is_kept]
         if len(steady):
             ax.axvspan(steady["t_s"].min(), steady["t_s"].max(), color="tab:green", alpha=0.12, lw=0)
-        ax.plot(part["t_s"], part["mean_acceptance_length"], color="0.6", lw=0.8)
-        ax.scatter(steady["t_s"], steady["mean_acceptance_length"], s=14, color="tab:blue", label="steady")
+        ax.plot(part["t_s"], part["al"], color="0.6", lw=0.8)
+        ax.scatter(steady["t_s"], steady["al"], s=14, color="tab:blue", label="steady")
         dropped = part[[not k for k in is_kept]]
-        ax.scatter(dropped["t_s"], dropped["mean_acceptance_length"], s=14, facecolors="none",
+        ax.scatter(dropped["t_s"], dropped["al"], s=14, facecolors="none",
                    edgecolors="tab:red", label="dropped")
         arm = part["arm"].iloc[0] if "arm" in part and len(part) else ""
         ax.set_title(f"{run_id}\n({arm})", fontsize=9)
@@ -68,7 +69,7 @@ def cut_sensitivity(sensitivity: pd.DataFrame):
 def per_position(per_pos: pd.DataFrame):
     """Acceptance rate at each draft position, per arm (mean over runs, bars = run spread)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    sns.lineplot(data=per_pos, x="position", y="acceptance", hue="arm", marker="o", errorbar=("pi", 100), ax=ax)
+    sns.lineplot(data=per_pos, x="position", y="rate", hue="arm", marker="o", errorbar=("pi", 100), ax=ax)
     ax.set_ylim(0, 1.02)
     ax.set_xticks(sorted(per_pos["position"].unique()))
     ax.set_ylabel("accepted / drafts")
@@ -86,5 +87,24 @@ def accuracy(acc: pd.DataFrame):
     ax.errorbar(acc["arm"], acc["pooled_accuracy"], yerr=[low, high], fmt="none", ecolor="k", capsize=4)
     ax.set_ylim(0, 1)
     ax.set_ylabel("GSM8K accuracy (pooled)")
+    fig.tight_layout()
+    return fig
+
+
+def ratio_bars(cells: pd.DataFrame):
+    """Cross-engine: one bar per cell with its CI; cells the guards flagged grey and hatched."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cells)), 3.5))
+    labels = [f"{r.lane}\n{r.prompt}" for r in cells.itertuples()]
+    x = np.arange(len(cells))
+    colors = ["tab:blue" if ok else "lightgrey" for ok in cells["comparable"]]
+    err = np.vstack([cells["ratio"] - cells["ratio_lo"], cells["ratio_hi"] - cells["ratio"]]).clip(min=0)
+    bars = ax.bar(x, cells["ratio"], color=colors, yerr=err, capsize=3)
+    for bar, ok in zip(bars, cells["comparable"], strict=True):
+        if not ok:
+            bar.set_hatch("//")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("ours / oracle tok/s")
+    ax.set_title("Per-cell ratio (grey, hatched: not comparable)")
     fig.tight_layout()
     return fig

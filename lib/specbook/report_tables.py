@@ -15,15 +15,15 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def startup_facts_of(engine: str, log: Path) -> dict[str, Any]:
-    """What the engine's own parser reads from a server log about its start ({} for an unknown engine)."""
+def startup_facts_of(engine: str, log: Path) -> dict[str, Any] | None:
+    """What the engine's own parser reads from a server log about its start; None for an unknown engine."""
     from specbook.engines import get_engine
     from specbook.errors import UnknownEngineError
 
     try:
         return get_engine(engine).startup_facts(log)
     except UnknownEngineError:
-        return {}
+        return None
 
 
 def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +63,8 @@ def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str]
     for s in servers:
         log = Path(run_dir) / s.log_path if run_dir is not None and s.log_path else None
         engine = s.versions.get("engine")
-        facts = (startup_facts_of(engine, log) if engine and log is not None and log.is_file() else s.startup)
+        facts = startup_facts_of(engine, log) if engine and log is not None and log.is_file() else None
+        facts = s.startup if facts is None else facts
         row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
         row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
         for role in ("target", "draft"):

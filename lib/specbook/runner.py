@@ -409,12 +409,13 @@ def _finalize(manifest: Manifest, run_dir: Path, t0: float) -> None:
 
 
 def _render_notebook(manifest: Manifest, notebook: str | os.PathLike[str] | None) -> Path:
-    """The notebook to re-render with: the one asked for, else the one the run used, else the registered one."""
+    """The notebook to re-render with: the one asked for, else this project's notebook for the experiment.
+
+    Never the path a run's manifest names: a run folder can come from elsewhere (another checkout, a
+    colleague, an older commit), and its recorded notebook is not this code's report (nor code to trust).
+    """
     if notebook:
         return Path(notebook).resolve()
-    recorded = Path(manifest.notebook)
-    if recorded.is_file():
-        return recorded
     from specbook.experiments.registry import get_experiment
 
     return get_experiment(manifest.experiment).notebook_path()
@@ -432,7 +433,8 @@ def render_run(
     kernel: str | None = None,
     progress: bool = True,
 ) -> RunResult:
-    """Re-execute a run's notebook on its saved data (reuse_data=True, no server) and re-render the html.
+    """Re-execute this project's notebook for the run's experiment on its saved data (reuse_data=True, no
+    server) and re-render the html.
 
     The previous report is kept as report.prev.ipynb / report.prev.html (an older .prev is replaced);
     the manifest's status stays the collection's, each render is appended to manifest.renders.

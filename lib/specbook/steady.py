@@ -8,20 +8,20 @@ per-interval ALs (an interval with 3 drafts would weigh as much as one with 3000
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from specbook.acceptance import frame_al
 from specbook.errors import ExperimentError
 
 REQUIRED_COLUMNS = (
     "timestamp",
-    "mean_acceptance_length",
+    "al",
     "accepted_tokens",
-    "drafted_tokens",
+    "draft_tokens",
     "drafts",
     "running",
 )
@@ -42,7 +42,7 @@ def _check(frame: pd.DataFrame, run_col: str, extra: Sequence[str] = ()) -> None
     missing = [c for c in (run_col, *REQUIRED_COLUMNS, *extra) if c not in frame.columns]
     if missing:
         raise ExperimentError(
-            f"interval frame lacks column(s) {missing} (expected logparse.intervals_frame columns "
+            f"interval frame lacks column(s) {missing} (expected engines.vllm.logparse.intervals_frame columns "
             f"plus {run_col!r}); it has {list(frame.columns)}"
         )
 
@@ -52,14 +52,11 @@ def _fmt(x: float) -> str:
 
 
 def weighted_al(frame: pd.DataFrame) -> float:
-    """1 + sum(accepted_tokens) / sum(drafts) over the rows; NaN when there were no drafts."""
-    for col in ("accepted_tokens", "drafts"):
-        if col not in frame.columns:
-            raise ExperimentError(f"weighted_al needs column {col!r}; frame has {list(frame.columns)}")
-    drafts = float(frame["drafts"].sum())
-    if drafts <= 0:
-        return math.nan
-    return 1.0 + float(frame["accepted_tokens"].sum()) / drafts
+    """1 + sum(accepted_tokens) / sum(drafts) over the rows (the acceptance model); NaN without drafts."""
+    try:
+        return frame_al(frame)
+    except KeyError as exc:
+        raise ExperimentError(str(exc.args[0])) from None
 
 
 def al_by(frame: pd.DataFrame, by: str | Sequence[str]) -> pd.DataFrame:
@@ -74,12 +71,12 @@ def al_by(frame: pd.DataFrame, by: str | Sequence[str]) -> pd.DataFrame:
                 "al": weighted_al(part),
                 "intervals": len(part),
                 "accepted_tokens": int(part["accepted_tokens"].sum()),
-                "drafted_tokens": int(part["drafted_tokens"].sum()),
+                "draft_tokens": int(part["draft_tokens"].sum()),
                 "drafts": int(part["drafts"].sum()),
             }
         )
     return pd.DataFrame(
-        rows, columns=[*keys, "al", "intervals", "accepted_tokens", "drafted_tokens", "drafts"]
+        rows, columns=[*keys, "al", "intervals", "accepted_tokens", "draft_tokens", "drafts"]
     )
 
 
@@ -217,14 +214,14 @@ def crude_al_threshold_cut(
     show what it does (see explain_crude_cut_bias); never use it to choose the data you report.
     """
     _check(frame, run_col)
-    high = frame["mean_acceptance_length"].to_numpy(dtype=float, na_value=np.nan) > al_threshold
+    high = frame["al"].to_numpy(dtype=float, na_value=np.nan) > al_threshold
     kept = frame[~high]
     dropped = frame[high].assign(
-        reason=[f"crude: AL {al:g} > {al_threshold:g}" for al in frame.loc[high, "mean_acceptance_length"]]
+        reason=[f"crude: AL {al:g} > {al_threshold:g}" for al in frame.loc[high, "al"]]
     )
     counts = []
     for run_id, run in frame.groupby(run_col, sort=False):
-        run_high = run["mean_acceptance_length"].to_numpy(dtype=float, na_value=np.nan) > al_threshold
+        run_high = run["al"].to_numpy(dtype=float, na_value=np.nan) > al_threshold
         counts.append(
             {
                 run_col: run_id,

@@ -48,8 +48,8 @@ def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run):
     assert original["failed"] == 0 and flipped["failed"] == 0
     assert original["drafts"] > 0 and flipped["drafts"] > 0
     # same fp8 weights as the target's bf16: most of the 4 drafted tokens are accepted
-    assert original["acceptance_length"] > 2.5
+    assert original["al"] > 2.5
     # the wrong rope_theta leaves at most a quarter of the original's accepted tokens per step
-    assert flipped["acceptance_length"] - 1 < 0.25 * (original["acceptance_length"] - 1)
+    assert flipped["al"] - 1 < 0.25 * (original["al"] - 1)
     html = (demo_run / "report.html").read_text()
     assert "Acceptance collapsed in arm1-100.0" in html

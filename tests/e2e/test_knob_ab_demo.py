@@ -53,10 +53,10 @@ def test_every_run_is_attributed_to_its_declared_arm(demo_run):
 def test_positive_control_lowers_al_in_every_sweep(demo_run):
     params = knob_ab.load_params_file(str(demo_run / "params.yaml"))
     result = knob_ab.analyze(knob_ab.load(RunContext.from_run_dir(demo_run)), params)
-    al = result.run_al.pivot_table(index="sweep", columns="arm", values="counter_al")
+    al = result.decision.run_al.pivot_table(index="sweep", columns="arm", values="counter_al")
     assert (al["int4draft"] < al["baseline"]).all(), al
     assert (al["baseline"] > 2.0).all(), al  # the fp8 draft really accepts
-    assert (result.run_al["intervals_kept"] > 0).all()
+    assert (result.decision.run_al["intervals_kept"] > 0).all()
 
 
 def test_ingest_example_analyses_real_logs_without_a_server(tmp_path, run_book):

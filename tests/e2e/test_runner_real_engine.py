@@ -93,9 +93,9 @@ def test_server_log_and_data_stay_in_the_run_folder(served_run):
     assert (requests["completion_tokens"] > 0).all()
     spec = json.loads((served_run / "data" / "spec_decode.json").read_text())
     assert spec["drafts"] > 0 and spec["draft_tokens"] >= spec["drafts"]
-    assert spec["acceptance_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"])
+    assert spec["al"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"])
     html = (served_run / "report.html").read_text()
-    assert f"drafts={spec['drafts']} accepted={spec['accepted_tokens']}" in html
+    assert f"drafts={spec['drafts']:g} accepted={spec['accepted_tokens']:g}" in html
 
 
 def test_ingest_reads_the_run_server_log(served_run):

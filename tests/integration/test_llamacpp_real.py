@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import specbook.engines.llamacpp as lc
-from specbook.acceptance import counts_from_llamacpp_timings, counts_from_spec_decode_delta
+from specbook.acceptance import Acceptance
 from specbook.engines import EngineConfig, get_engine, launch
 from specbook.guards import SideOutputs, degenerate_reasons, first_divergence, guard_cell
 from specbook.metrics import scrape
@@ -69,18 +69,18 @@ def test_llama_server_spec_on_counters_timings_and_guards(tmp_path, tokenizer):
     on, facts = _serve(tmp_path, "llamacpp-draft", {"method": "draft_model", "model": DRAFT_INT4,
                                                      "num_speculative_tokens": K})
     # counters vs timings vs log: three reports of the same drafts
-    counts = counts_from_spec_decode_delta(facts["delta"], "llamacpp")
-    timings = counts_from_llamacpp_timings([r["timings"] for r in on.values()])
+    counts = facts["delta"].acceptance
+    timings = Acceptance.from_llamacpp_timings([r["timings"] for r in on.values()])
     assert counts.draft_tokens == timings.draft_tokens > 0
-    assert counts.accepted == timings.accepted
+    assert counts.accepted_tokens == timings.accepted_tokens
     lines = lc.parse_draft_lines(facts["log"])
-    assert len(lines) == 2 and sum(x["accepted"] for x in lines) == counts.accepted
-    assert 1.0 < counts.acceptance_length <= 1 + K
+    assert len(lines) == 2 and sum(x["accepted"] for x in lines) == counts.accepted_tokens
+    assert 1.0 < counts.al <= 1 + K
     assert len(counts.accepted_per_position) == K
     # p-min 0: every draft carries k tokens, as vLLM's draft_model does
     assert counts.draft_tokens == K * counts.drafts
-    print(f"llama.cpp draft int4 k={K}: AL {counts.acceptance_length:.3f}, rate {counts.acceptance_rate:.3f}, "
-          f"per-pos {[round(p, 3) for p in counts.per_position_acceptance]}")
+    print(f"llama.cpp draft int4 k={K}: AL {counts.al:.3f}, rate {counts.acceptance_rate:.3f}, "
+          f"per-pos { {p: round(r, 3) for p, r in counts.position_rates().items()} }")
 
     ids = {lane: {k: tokenizer.encode(r["choices"][0]["message"]["content"], add_special_tokens=False)
                   for k, r in res.items()} for lane, res in (("off", off), ("on", on))}

@@ -12,7 +12,7 @@ from specbook.attribution import (
     knob_keys,
     parse_argv_options,
 )
-from specbook.engines.vllm.logparse import format_env_line, parse_env_line
+from specbook.envline import format_env_line, parse_env_line
 from specbook.errors import AttributionError
 
 MODELS = "/root/.cache/specbook/models"
@@ -47,7 +47,7 @@ ENV_KEYS = ["ONEDNN_DEFAULT_FPMATH_MODE"]
 ARG_KEYS = ["--dtype", "--speculative-config"]
 
 
-def test_env_line_fixtures_are_what_logparse_writes():
+def test_env_line_fixtures_are_what_the_launcher_writes():
     assert format_env_line(parse_env_line(ENV_BF16)) == ENV_BF16
 
 
@@ -185,3 +185,16 @@ def test_knob_keys_from_arms_knobs():
         KnobSpec(name="fp8draft", set={"speculative_config.model": "smollm2-135m-instruct-fp8"}),
     ]
     assert knob_keys(knobs) == (["ONEDNN_DEFAULT_FPMATH_MODE"], ["--dtype", "--speculative-config"])
+
+
+def test_arm_of_verbatim_knob_ab_logs_from_their_env_lines():
+    """Real server logs (tests/fixtures/logs/knob_ab): the kv2g run's launcher set VLLM_CPU_KVCACHE_SPACE=2."""
+    from pathlib import Path
+
+    from specbook.envline import read_env_line
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "knob_ab"
+    mapping = {"VLLM_CPU_KVCACHE_SPACE=2": "kv2g", "*": "baseline"}
+    arms = {p.stem: arm_from_env_line(read_env_line(p), mapping).arm for p in sorted(folder.glob("ngram-*.log"))}
+    assert arms == {"ngram-00-sweep0-baseline": "baseline", "ngram-01-sweep0-kv2g": "kv2g",
+                    "ngram-02-sweep0-lookup1": "baseline"}  # lookup1 differs in argv, not in env

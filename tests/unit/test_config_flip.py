@@ -10,12 +10,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from specbook.acceptance import position_column
 from specbook.engines import EngineConfig, get_engine
 from specbook.errors import ExperimentError, ParamsError
 from specbook.experiments import config_flip as cf
 from specbook.experiments.registry import get_experiment
 from specbook.params import load_params
 from specbook.paths import params_dir
+from specbook.runstore import RunContext
 
 
 @pytest.fixture()
@@ -113,7 +115,7 @@ def test_build_arms_proves_the_one_field_difference(tmp_path, draft_dir):
 def test_build_arms_refuses_a_missing_field_unless_asked(tmp_path, draft_dir):
     data = _params(draft_dir)
     data["flip"].update(field="sample_from_anchor", values=[True, False])
-    with pytest.raises(ExperimentError, match="'sample_from_anchor' is missing"):
+    with pytest.raises(ExperimentError, match=r"'sample_from_anchor' does not exist; set flip.add_missing: true"):
         cf.build_arms(cf.ConfigFlipParams.model_validate(data), tmp_path / "flip")
     data["flip"]["add_missing"] = True
     folders, summary = cf.build_arms(cf.ConfigFlipParams.model_validate(data), tmp_path / "flip2")
@@ -147,41 +149,95 @@ def test_launches_that_differ_besides_the_folder_are_refused():
 
 # --- analysis -------------------------------------------------------------------------------------
 
+# Counter deltas per arm (the acceptance model's columns, positions from 1): arm1 collapsed.
+ARM_COUNTS = {
+    "arm0-100000": {"drafts": 100, "draft_tokens": 400, "accepted_tokens": 300, "positions": [90, 80, 70, 60]},
+    "arm1-10000": {"drafts": 380, "draft_tokens": 1520, "accepted_tokens": 19, "positions": [15, 3, 1, 0]},
+}
+ARM_ALS = [(1.0, 2.0, 3.0), (1.0, 1.1, 1.05)]  # SpecDecoding log intervals' AL per arm
 
-def _data() -> cf.FlipData:
-    arms = pd.DataFrame([
-        {"arm": "arm0-100000", "index": 0, "value": "100000", "is_original": True, "elapsed_s": 10.0,
-         "drafts": 100, "draft_tokens": 400, "accepted_tokens": 300,
-         "accepted_pos_0": 90, "accepted_pos_1": 80, "accepted_pos_2": 70, "accepted_pos_3": 60},
-        {"arm": "arm1-10000", "index": 1, "value": "10000", "is_original": False, "elapsed_s": 20.0,
-         "drafts": 380, "draft_tokens": 1520, "accepted_tokens": 19,
-         "accepted_pos_0": 15, "accepted_pos_1": 3, "accepted_pos_2": 1, "accepted_pos_3": 0},
-    ])
+
+def _arms_frame() -> pd.DataFrame:
+    rows = []
+    for index, (arm, c) in enumerate(ARM_COUNTS.items()):
+        rows.append({"arm": arm, "index": index, "value": arm.split("-")[1], "is_original": index == 0,
+                     "elapsed_s": 10.0 * (index + 1), "drafts": c["drafts"], "draft_tokens": c["draft_tokens"],
+                     "accepted_tokens": c["accepted_tokens"],
+                     **{position_column(p + 1): n for p, n in enumerate(c["positions"])}})
+    return pd.DataFrame(rows)
+
+
+def _intervals_frame() -> pd.DataFrame:
+    """SpecDecoding log intervals per arm in the new intervals layout (counts, positions from 1)."""
+    rows = []
+    t0 = pd.Timestamp("2026-11-30 10:00:00")
+    for (arm, als) in zip(ARM_COUNTS, ARM_ALS, strict=True):
+        for i, al in enumerate(als):
+            drafts = 20
+            accepted = round((al - 1) * drafts)
+            pos = [min(drafts, max(0, accepted - drafts * p)) for p in range(4)]  # fill position 1 first
+            rows.append({"arm": arm, "line_no": 100 + i, "timestamp": t0 + pd.Timedelta(seconds=i),
+                         "timestamp_text": "", "engine": "000", "al": 1 + accepted / drafts,
+                         "accepted_tokens": accepted, "draft_tokens": 4 * drafts, "drafts": drafts, "k": 4,
+                         "accepted_throughput": float(accepted), "drafted_throughput": 4.0 * drafts,
+                         "acceptance_rate": accepted / (4 * drafts),
+                         **{position_column(p + 1): n for p, n in enumerate(pos)},
+                         "stats_line_no": 99 + i, "running": 1, "waiting": 0, "prompt_throughput": 0.0,
+                         "generation_throughput": 10.0, "kv_cache_usage": 0.01})
+    return pd.DataFrame(rows)
+
+
+def _requests_frame() -> pd.DataFrame:
     req = []
     for arm, wall in (("arm0-100000", 2.0), ("arm1-10000", 4.0)):
         for pid, text in (("p000", "same"), ("p001", "x" if arm == "arm0-100000" else "y")):
             req.append({"arm": arm, "prompt_id": pid, "output_text": text, "completion_tokens": 201,
                         "ttft_s": 0.1, "wall_s": wall + 0.1, "error": None})
-    return cf.FlipData(flip={"diffs_vs_first_arm": {"arm1-10000": ["config.json:rope_theta: 100000 != 10000"]}},
-                       arms=arms, requests=pd.DataFrame(req), intervals=pd.DataFrame())
+    return pd.DataFrame(req)
+
+
+DIFFS = {"diffs_vs_first_arm": {"arm1-10000": ["config.json:rope_theta: 100000 != 10000"]}}
+
+
+def _data(flip_summary: dict | None = None, intervals: pd.DataFrame | None = None) -> cf.FlipData:
+    return cf.FlipData(flip=flip_summary or DIFFS, arms=_arms_frame(), requests=_requests_frame(),
+                       intervals=pd.DataFrame() if intervals is None else intervals)
 
 
 def test_arm_summary_derives_al_tok_s_and_per_step_time_from_counts():
     s = cf.arm_summary(_data()).set_index("arm")
-    assert s.loc["arm0-100000", "acceptance_length"] == pytest.approx(4.0)
-    assert s.loc["arm1-10000", "acceptance_length"] == pytest.approx(1.05)
+    assert "acceptance_length" not in s and "draft_acceptance_rate" not in s  # the acceptance model's names
+    assert s.loc["arm0-100000", "al"] == pytest.approx(4.0)
+    assert s.loc["arm1-10000", "al"] == pytest.approx(1.05)
     assert s.loc["arm0-100000", "output_tok_s"] == pytest.approx(402 / 10.0)
     # 2 requests x 200 decode tokens / AL 4 = 100 steps over 4 s of decode
     assert s.loc["arm0-100000", "decode_steps"] == pytest.approx(100.0)
     assert s.loc["arm0-100000", "per_step_ms"] == pytest.approx(40.0)
     assert s.loc["arm1-10000", "per_step_ms"] == pytest.approx(8000.0 / (400 / 1.05))
-    assert s.loc["arm0-100000", "draft_acceptance_rate"] == pytest.approx(0.75)
+    assert s.loc["arm0-100000", "acceptance_rate"] == pytest.approx(0.75)
+    assert s.loc["arm1-10000", "acceptance_rate"] == pytest.approx(19 / 1520)
+    assert s.loc["arm1-10000", ["drafts", "draft_tokens", "accepted_tokens"]].tolist() == [380, 1520, 19]
 
 
-def test_per_position_acceptance_is_accepted_over_drafts():
+def test_per_position_acceptance_is_accepted_over_drafts_from_position_1():
     pp = cf.per_position_acceptance(_data())
-    first = pp[pp["arm"] == "arm0-100000"].set_index("position")["acceptance_rate"]
-    assert list(first) == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    assert list(pp.columns) == ["arm", "value", "position", "accepted", "drafts", "rate"]
+    for arm, c in ARM_COUNTS.items():
+        mine = pp[pp["arm"] == arm].set_index("position")
+        assert list(mine.index) == [1, 2, 3, 4]  # accepted_pos_1 is position 1: nothing shifted
+        assert list(mine["accepted"]) == c["positions"]
+        assert list(mine["rate"]) == pytest.approx([n / c["drafts"] for n in c["positions"]])
+    table = cf.per_position_table(pp)
+    assert list(table.index) == [1, 2, 3, 4] and list(table.columns) == list(ARM_COUNTS)
+    assert table.loc[1, "arm0-100000"] == pytest.approx(0.9)
+
+
+def test_intervals_by_arm_shows_each_log_interval_al():
+    table = cf.intervals_by_arm(_data(intervals=_intervals_frame()))
+    assert list(table.columns) == list(ARM_COUNTS) and list(table.index) == [0, 1, 2]
+    for arm, als in zip(ARM_COUNTS, ARM_ALS, strict=True):
+        assert list(table[arm]) == pytest.approx(als)
+    assert cf.intervals_by_arm(_data()).empty
 
 
 def test_output_equality_per_prompt_with_first_difference():
@@ -221,3 +277,58 @@ def test_describe_flip_names_field_values_and_sharing(tmp_path, draft_dir):
     assert "config.json:rope_theta  (original value 100000)" in text
     assert "arm1-10000: rope_theta = 10000; 1 weight file(s) symlinked" in text
     assert "serves as the draft" in text
+
+
+def test_analyze_gathers_every_table_and_the_verdict(tmp_path, draft_dir):
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir, collapse_fraction=0.25))
+    _, summary = cf.build_arms(params, tmp_path / "flip")
+    data = _data(summary, _intervals_frame())
+    result = cf.analyze(data, params)
+    assert isinstance(result, cf.FlipResult)
+    pd.testing.assert_frame_equal(result.summary, cf.arm_summary(data))
+    pd.testing.assert_frame_equal(result.per_position, cf.per_position_acceptance(data))
+    assert list(result.per_position_table.index) == [1, 2, 3, 4]
+    assert result.description == cf.describe_flip(data)
+    assert result.differences.to_dict("records") == [
+        {"arm": "arm1-10000", "difference": "config.json:rope_theta: 100000 != 10000"}]
+    assert list(result.intervals_by_arm.columns) == list(ARM_COUNTS)
+    assert result.verdict.collapsed == ["arm1-10000"] and not result.output_equality["all_equal"].all()
+    # the verdict follows the params' collapse fraction: at 0.001 nothing counts as collapsed
+    lenient = cf.analyze(data, params.model_copy(update={"collapse_fraction": 0.001}))
+    assert lenient.verdict.collapsed == []
+
+
+def _old_arms_frame(arms: pd.DataFrame) -> pd.DataFrame:
+    """The arms frame as commit 5ece790 saved it: per-position counts numbered from 0."""
+    return arms.rename(columns={position_column(p + 1): f"accepted_pos_{p}" for p in range(4)})
+
+
+def _old_intervals_frame(iv: pd.DataFrame) -> pd.DataFrame:
+    """Log intervals as specbook saved them before: vLLM's printed names and per-position RATES (0-based)."""
+    old = iv.rename(columns={"al": "mean_acceptance_length", "draft_tokens": "drafted_tokens",
+                             "k": "num_speculative_tokens", "acceptance_rate": "avg_draft_acceptance_rate"})
+    for p in range(4):
+        old[f"acceptance_pos_{p}"] = (old.pop(position_column(p + 1)) / old["drafts"]).round(3)
+    return old
+
+
+def _save_run(root: Path, summary: dict, arms: pd.DataFrame, intervals: pd.DataFrame) -> RunContext:
+    ctx = RunContext(root)
+    ctx.save_json(cf.FLIP_JSON, summary)
+    ctx.save_frame(cf.ARMS_FRAME, arms)
+    ctx.save_frame(cf.REQUESTS_FRAME, _requests_frame())
+    ctx.save_frame(cf.INTERVALS_FRAME, intervals)
+    return ctx
+
+
+def test_load_of_an_old_layout_run_folder_gives_the_same_figures(tmp_path, draft_dir):
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir))
+    _, summary = cf.build_arms(params, tmp_path / "flip")
+    arms, iv = _arms_frame(), _intervals_frame()
+    new = cf.load(_save_run(tmp_path / "new", summary, arms, iv))
+    old = cf.load(_save_run(tmp_path / "old", summary, _old_arms_frame(arms), _old_intervals_frame(iv)))
+    assert "accepted_pos_0" not in old.arms and list(old.arms[position_column(1)]) == [90, 15]
+    got, want = cf.analyze(old, params), cf.analyze(new, params)
+    for name in ("summary", "per_position", "per_position_table", "intervals_by_arm", "output_equality"):
+        pd.testing.assert_frame_equal(getattr(got, name), getattr(want, name), check_dtype=False, obj=name)
+    assert got.verdict == want.verdict and got.description == want.description

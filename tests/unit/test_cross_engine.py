@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from specbook.acceptance import position_column
 from specbook.errors import ParamsError, PinMismatchError
 from specbook.experiments import cross_engine as ce
 from specbook.params import load_params
@@ -64,14 +65,18 @@ def test_matched_work_option_forces_equal_lengths_in_requests(demo):
 
 def test_pin_mismatch_aborts_before_any_server_starts(tmp_path, demo):
     """Real probe of the installed engines: a wrong vLLM pin stops collect() before measuring."""
+    from specbook.engines import get_engine
+
     bad = copy.deepcopy(demo)
+    bad["ours"]["pins"] = {}  # only the oracle's pin is wrong, whether llama.cpp is installed here or not
     bad["oracle"]["pins"]["vllm"] = "0.0.1"
     params = ce.CrossEngineParams.model_validate(bad)
     ctx = RunContext(tmp_path / "run")
     with pytest.raises(PinMismatchError) as err:
         ce.collect(params, ctx)
     msg = str(err.value)
-    assert "vllm: expected 0.0.1, found 0.32.0" in msg and "oracle" in msg
+    installed = get_engine("vllm").probe_versions()["vllm"]
+    assert f"vllm: expected 0.0.1, found {installed}" in msg and "oracle" in msg
     assert list(ctx.logs_dir.iterdir()) == []  # no server was launched
     assert not (ctx.data_dir / f"{ce.REQUESTS_FRAME}.parquet").exists()
 
@@ -105,15 +110,31 @@ def _requests(cells: dict, repeats: int = 3) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+POSITIONS = (8, 4, 2, 1)  # accepted at positions 1..4 of every speculative cell (10 drafts, 15 accepted)
+
+
+def _cells(cells: dict) -> pd.DataFrame:
+    """Counter deltas per cell in the acceptance model's columns; the ours side is llama.cpp, with its raw figures."""
+    rows = []
+    for (lane, p, s) in cells:
+        on = lane != "off"
+        row = {"side": s, "engine": "llamacpp" if s == "ours" else "vllm", "lane": lane, "prompt": p,
+               "drafts": 10 if on else 0, "draft_tokens": 40 if on else 0, "accepted_tokens": 15 if on else 0,
+               **{position_column(i + 1): (n if on else 0) for i, n in enumerate(POSITIONS)},
+               "cold_timings_draft_n": 16 if on else None, "cold_timings_draft_n_accepted": 6 if on else None}
+        if s == "ours":
+            row.update(log_requests=3, log_mean_len=2.5 if on else None, log_accepted_tokens=15.0 if on else None,
+                       log_draft_tokens=40.0 if on else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _servers() -> pd.DataFrame:
+    return pd.DataFrame([{"side": "ours", "label": "llamacpp"}, {"side": "oracle", "label": "vllm"}])
+
+
 def _data(cells: dict) -> ce.CrossData:
-    servers = pd.DataFrame([{"side": "ours", "label": "llamacpp"}, {"side": "oracle", "label": "vllm"}])
-    counters = pd.DataFrame([
-        {"side": s, "engine": "x", "lane": lane, "prompt": p, "drafts": 10 if lane != "off" else 0,
-         "draft_tokens": 40 if lane != "off" else 0, "accepted": 15 if lane != "off" else 0,
-         "accepted_pos_0": 8, "accepted_pos_1": 4, "accepted_pos_2": 2, "accepted_pos_3": 1}
-        for (lane, p, s) in cells
-    ])
-    return ce.CrossData(requests=_requests(cells), cells=counters, servers=servers)
+    return ce.CrossData(requests=_requests(cells), cells=_cells(cells), servers=_servers())
 
 
 def test_the_loop_cell_is_flagged_and_left_out_of_the_headline():
@@ -159,10 +180,36 @@ def test_acceptance_and_per_position_use_one_definition():
     text = _prose(50, 4)
     cells = {("ngram", "p", "ours"): (text, 50.0), ("ngram", "p", "oracle"): (text, 50.0)}
     data = _data(cells)
-    acc = ce.acceptance_table(data)
-    assert list(acc["al"]) == pytest.approx([2.5, 2.5]) and list(acc["raw_drafts"]) == [10, 10]
+    acc = ce.acceptance_table(data).set_index("side")
+    assert list(acc.columns[:8]) == ["lane", "prompt", "engine", "drafts", "draft_tokens", "accepted_tokens", "al",
+                                     "acceptance_rate"]
+    assert list(acc["al"]) == pytest.approx([2.5, 2.5]) and list(acc["drafts"]) == [10, 10]
+    assert list(acc["acceptance_rate"]) == pytest.approx([15 / 40, 15 / 40])
+    assert not [c for c in acc.columns if c.startswith("accepted_pos_")]
+    # llama.cpp's own figures stand beside: its cold response's timings are an acceptance rate, not AL
+    assert acc.loc["ours", "cold_timings_acceptance_rate"] == pytest.approx(6 / 16)
+    assert acc.loc["ours", "log_mean_len"] == pytest.approx(2.5)
+    assert np.isnan(acc.loc["oracle", "cold_timings_acceptance_rate"])  # a vLLM cell has no such figures
     pp = ce.per_position(data)
-    assert list(pp[pp["side"] == "ours"]["rate"]) == pytest.approx([0.8, 0.4, 0.2, 0.1])
+    assert list(pp.columns) == ["side", "lane", "position", "accepted", "drafts", "rate"]
+    ours = pp[pp["side"] == "ours"]
+    assert list(ours["position"]) == [1, 2, 3, 4]  # accepted_pos_1 is position 1
+    assert list(ours["rate"]) == pytest.approx([n / 10 for n in POSITIONS])
+
+
+def test_per_position_sums_counts_over_prompts_and_skips_lanes_without_drafts():
+    text = _prose(50, 5)
+    cells = {(lane, p, s): (text, 50.0) for lane in ("off", "ngram") for p in ("a", "b") for s in ("ours", "oracle")}
+    data = _data(cells)
+    data.cells.loc[(data.cells["prompt"] == "b") & (data.cells["lane"] == "ngram"), "drafts"] = 30
+    pp = ce.per_position(data)
+    assert set(pp["lane"]) == {"ngram"}  # the off lane drafted nothing
+    ours = pp[pp["side"] == "ours"].set_index("position")
+    assert list(ours["accepted"]) == [2 * n for n in POSITIONS] and set(ours["drafts"]) == {40}
+    assert list(ours["rate"]) == pytest.approx([2 * n / 40 for n in POSITIONS])
+    table = ce.per_position_table(pp)
+    assert list(table.index) == [1, 2, 3, 4]
+    assert table.loc[1, ("ngram", "oracle")] == pytest.approx(2 * POSITIONS[0] / 40)
 
 
 def test_ratio_ci_covers_the_point_and_narrows_with_equal_repeats():
@@ -170,3 +217,52 @@ def test_ratio_ci_covers_the_point_and_narrows_with_equal_repeats():
     assert point == lo == hi == pytest.approx(2.0)
     point, lo, hi = ce.ratio_of_means_ci(np.array([9.0, 10.0, 11.0]), np.array([5.0, 5.5, 4.5]), n_boot=500)
     assert lo < point < hi
+
+
+def test_analyze_gathers_the_tables_under_the_params_guards():
+    text = _prose(84, 1)
+    cells = {
+        ("off", "normal", "ours"): (text, 50.0), ("off", "normal", "oracle"): (text, 40.0),
+        ("off", "capital", "ours"): (text[:84], 20.0), ("off", "capital", "oracle"): (LOOP, 57.0),
+        ("ngram", "normal", "ours"): (text, 60.0), ("ngram", "normal", "oracle"): (text, 45.0),
+    }
+    params = load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"])
+    result = ce.analyze(_data(cells), params)
+    assert isinstance(result, ce.CrossResult)
+    assert list(result.report_cells.columns) == ce.REPORT_COLUMNS
+    assert result.headline.set_index("lane").loc["off", "left_out"] == "capital"
+    assert "off / capital: NOT COMPARABLE" in result.flagged_reasons
+    assert set(result.acceptance["lane"]) == {"ngram"} and list(result.per_position_table.index) == [1, 2, 3, 4]
+    cells_al = result.cells.set_index(["lane", "prompt"])
+    assert cells_al.loc[("ngram", "normal"), "ours_al"] == pytest.approx(2.5)
+    assert result.definition == ce.definition_note() and result.proposals_note == ce.PROPOSALS_NOTE
+
+
+def _old_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cell frame as commit 5ece790 saved it: `accepted`, positions from 0, llama.cpp log_accepted/generated."""
+    return cells.rename(columns={"accepted_tokens": "accepted", "log_accepted_tokens": "log_accepted",
+                                 "log_draft_tokens": "log_generated",
+                                 **{position_column(i + 1): f"accepted_pos_{i}" for i in range(len(POSITIONS))}})
+
+
+def _save_run(root: Path, requests: pd.DataFrame, cells: pd.DataFrame) -> RunContext:
+    ctx = RunContext(root)
+    ctx.save_frame(ce.REQUESTS_FRAME, requests)
+    ctx.save_frame(ce.CELLS_FRAME, cells)
+    ctx.save_frame(ce.SERVERS_FRAME, _servers())
+    return ctx
+
+
+def test_load_of_an_old_layout_run_folder_gives_the_same_figures(tmp_path):
+    text = _prose(64, 6)
+    cells = {(lane, "p", s): (text, 50.0 + 5 * (s == "ours")) for lane in ("off", "ngram") for s in ("ours", "oracle")}
+    requests, new_cells = _requests(cells), _cells(cells)
+    new = ce.load(_save_run(tmp_path / "new", requests, new_cells))
+    old = ce.load(_save_run(tmp_path / "old", requests, _old_cells(new_cells)))
+    assert sorted(old.cells.columns) == sorted(new.cells.columns)
+    params = load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"])
+    got, want = ce.analyze(old, params), ce.analyze(new, params)
+    for name in ("cells", "headline", "acceptance", "per_position", "per_position_table"):
+        pd.testing.assert_frame_equal(getattr(got, name), getattr(want, name), check_dtype=False, obj=name)
+    assert list(want.per_position["position"].unique()) == [1, 2, 3, 4]
+    assert want.acceptance.set_index("side").loc["ours", "al"] == pytest.approx(2.5)

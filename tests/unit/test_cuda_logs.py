@@ -24,8 +24,10 @@ NGRAM = LOGS / "vllm-cuda-0.26-h200-ngram.log"
 )
 def test_log_intervals_sum_to_the_counters_of_the_same_run(log, drafts, accepted):
     parsed = parse_log(log, year=2026)
-    assert (parsed.num_drafts, parsed.accepted_tokens, parsed.broken_lines) == (drafts, accepted, 0)
-    assert parsed.acceptance_length() == pytest.approx(1 + accepted / drafts)
+    acc = parsed.acceptance()
+    assert (acc.drafts, acc.accepted_tokens, parsed.broken_lines) == (drafts, accepted, 0)
+    assert acc.al == pytest.approx(1 + accepted / drafts)
+    assert sum(acc.accepted_per_position) == accepted and acc.k == 4
     assert parsed.env == {"VLLM_LOG_STATS_INTERVAL": "0.5", "VLLM_NO_USAGE_STATS": "1",
                           "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
@@ -59,4 +61,6 @@ def test_ngram_has_no_draft_model_and_no_draft_backend():
     assert facts["attention_backend_target"] == "FLASH_ATTN" and facts["weights_load_s"] == [0.07]
     assert "attention_backend_draft" not in facts and "draft_model_loaded" not in facts
     parsed = parse_log(NGRAM, year=2026)
-    assert parsed.broken_lines == 0 and parsed.num_speculative_tokens == 4
+    assert parsed.broken_lines == 0 and parsed.k == 4
+    acc = parsed.acceptance()
+    assert (acc.drafts, acc.accepted_tokens) == (174, 197)  # the fixture README's sums (the counters' deltas)

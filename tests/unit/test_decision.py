@@ -7,10 +7,16 @@ import pytest
 from pydantic import ValidationError
 
 from specbook.decision import (
+    Criterion,
     DecisionRule,
     compare_and_decide,
+    delta_over_sd_criterion,
+    delta_pct_criterion,
+    deterministic_margin_criterion,
     evaluate,
     evaluate_difference,
+    sweeps_criterion,
+    tost_criterion,
     verdict_table,
 )
 from specbook.errors import ExperimentError
@@ -114,3 +120,170 @@ def test_verdict_table_rows_per_criterion():
 def test_rule_describe_states_the_numbers():
     text = DecisionRule(max_abs_delta_pct=0.5, tost_margin_pct=2.0, min_sweeps=3).describe()
     assert "0.5%" in text and "+/-2%" in text and ">= 3 sweeps" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# evaluate, criterion by criterion (the split must not change a character of the verdict)
+
+RULE_TEXT = (
+    "  rule: equivalent iff >= 2 sweeps per arm, |delta| <= 1% of the baseline mean, |delta| <= 1 x baseline sd, "
+    "and TOST p < 0.05 for a +/-1% margin (required); when both arms are deterministic (sd = 0) the sd and TOST "
+    "criteria are n/a and |delta| <= 1% decides. 'different' iff the delta's bootstrap CI excludes 0 and "
+    "|delta| > 1%."
+)
+
+
+def test_verdict_text_is_unchanged_noisy_runs():
+    df = frame(baseline=[1.975, 2.000, 2.025], fp32=[1.965, 1.990, 2.015])
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=1000)
+    assert v.text == "\n".join([
+        "fp32 vs baseline: NOT SHOWN EQUIVALENT",
+        "  PASS sweeps: min sweeps per arm = 3 (baseline 3, variant 3) >= 2 required",
+        "  PASS delta_pct: |delta| = 0.500% of baseline mean <= 1% (delta -0.500%)",
+        "  PASS delta_over_sd: |delta| = 0.40 x baseline sd (0.025) <= 1",
+        "  FAIL tost: TOST p = 0.3249 >= alpha 0.05 for +/-1% margin",
+        RULE_TEXT,
+    ])
+    assert [(c.name, c.threshold, c.required) for c in v.criteria] == [
+        ("sweeps", 2, True), ("delta_pct", 1.0, True), ("delta_over_sd", 1.0, True), ("tost", 0.05, True)]
+    assert v.criteria[0].value == 3 and v.criteria[1].value == pytest.approx(-0.5)
+    assert v.criteria[2].value == pytest.approx(-0.4) and v.criteria[3].value == pytest.approx(0.3249, abs=1e-4)
+
+
+def test_verdict_text_is_unchanged_deterministic_runs():
+    df = frame(baseline=[2.0, 2.0], v=[2.03, 2.03])
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200)
+    assert v.text == "\n".join([
+        "v vs baseline: NOT SHOWN EQUIVALENT (deterministic runs: judged by the margin alone)",
+        "  PASS sweeps: min sweeps per arm = 2 (baseline 2, variant 2) >= 2 required",
+        "  FAIL delta_pct: |delta| = 1.500% of baseline mean > 1% (delta +1.500%)",
+        "  n/a delta_over_sd: n/a: deterministic (sd = 0 in both arms)",
+        "  n/a tost: n/a: deterministic (t undefined with zero variance)",
+        "  FAIL deterministic_margin: runs are deterministic, so the margin alone decides: |delta| = 1.500% > 1%",
+        RULE_TEXT,
+    ])
+
+
+def test_zero_baseline_sd_with_a_noisy_variant_fails_the_sd_criterion():
+    df = frame(baseline=[2.0, 2.0, 2.0], v=[2.0, 2.1, 2.2])
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(require_tost=False), n_boot=200)
+    assert not v.deterministic and [c.name for c in v.criteria] == ["sweeps", "delta_pct", "delta_over_sd", "tost"]
+    assert "FAIL delta_over_sd: |delta| = inf x baseline sd (0) > 1" in v.text
+    assert not next(c for c in v.criteria if c.name == "tost").required
+
+
+def test_each_criterion_function_returns_its_criterion():
+    rule = DecisionRule()
+    df = frame(baseline=[1.975, 2.000, 2.025], fp32=[1.965, 1.990, 2.015])
+    row = delta_vs_baseline(df, "arm", "al", "baseline", n_boot=100).iloc[0]
+    base, var = summarize([1.975, 2.000, 2.025]), summarize([1.965, 1.990, 2.015])
+    made = [
+        sweeps_criterion(rule, base, summarize([2.0])),
+        delta_pct_criterion(rule, 1.5),
+        delta_over_sd_criterion(rule, row, base, deterministic=True),
+        tost_criterion(DecisionRule(require_tost=False), row, deterministic=False),
+        deterministic_margin_criterion(rule, -0.9),
+    ]
+    assert all(isinstance(c, Criterion) for c in made)
+    assert [(c.name, c.status) for c in made] == [
+        ("sweeps", "FAIL"), ("delta_pct", "FAIL"), ("delta_over_sd", "n/a"), ("tost", "FAIL"),
+        ("deterministic_margin", "PASS")]
+    assert made[0].text == "FAIL sweeps: min sweeps per arm = 1 (baseline 3, variant 1) >= 2 required"
+    assert made[3].text.endswith("(reported only)") and not made[3].required
+    # evaluate is these functions in this order
+    v = evaluate(rule, row, base, var)
+    assert v.criteria == [
+        sweeps_criterion(rule, base, var),
+        delta_pct_criterion(rule, float(row["delta_pct"])),
+        delta_over_sd_criterion(rule, row, base, deterministic=False),
+        tost_criterion(rule, row, deterministic=False),
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# compare_and_decide with expectations: the verdicts knob_ab._judge gave
+
+
+KNOB_EXPECT = {"fp32": "equivalent", "slow": "different"}
+
+
+def expectation_of(arm_name: str) -> str:
+    """knob_ab._expectation_of: an arm with a knob expected to move AL is judged for a difference."""
+    expects = {KNOB_EXPECT[k] for k in arm_name.split("+") if k != "baseline"}
+    return "different" if "different" in expects else "equivalent"
+
+
+def judge_reference(df, value_col, baseline, rule, n_boot, seed, arms=None, label=None):
+    """knob_ab._judge as it was before compare_and_decide took it over (the reference numbers)."""
+    part = df if arms is None else df[df["arm"].isin([baseline, *arms])]
+    rows = delta_vs_baseline(part, "arm", value_col, baseline, margin_pct=rule.tost_margin_pct,
+                             n_boot=n_boot, seed=seed)
+    base = summarize(part.loc[part["arm"] == baseline, value_col])
+    verdicts = []
+    for _, row in rows.iterrows():
+        arm = row["arm"]
+        if expectation_of(label or arm) == "different":
+            verdicts.append(evaluate_difference(rule, row))
+        else:
+            verdicts.append(evaluate(rule, row, base, summarize(part.loc[part["arm"] == arm, value_col])))
+    return rows, verdicts
+
+
+def crossed_runs() -> pd.DataFrame:
+    """A crossed 2x2 knob A/B in interleaved sweep order: fp32 changes nothing, slow moves AL by ~15%."""
+    values = {
+        "baseline": [2.000, 2.010, 1.990, 2.004],
+        "fp32": [2.001, 2.008, 1.992, 2.003],
+        "slow": [2.300, 2.310, 2.290, 2.296],
+        "fp32+slow": [2.302, 2.305, 2.291, 2.299],
+    }
+    order = [["slow", "baseline", "fp32+slow", "fp32"], ["fp32", "slow", "baseline", "fp32+slow"],
+             ["baseline", "fp32+slow", "fp32", "slow"], ["fp32+slow", "fp32", "slow", "baseline"]]
+    return pd.DataFrame([{"arm": a, "sweep": s, "al": values[a][s]} for s, arms in enumerate(order) for a in arms])
+
+
+def same(verdicts, reference) -> bool:
+    return [repr(v) for v in verdicts] == [repr(v) for v in reference]  # repr: NaN values compare equal
+
+
+@pytest.mark.parametrize("rule", [DecisionRule(), DecisionRule(tost_margin_pct=2.0, require_tost=False)])
+def test_compare_and_decide_gives_the_verdicts_judge_gave(rule):
+    df = crossed_runs()
+    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", rule, n_boot=500, seed=7,
+                                        expectation=expectation_of)
+    ref_rows, ref = judge_reference(df, "al", "baseline", rule, 500, 7)
+    pd.testing.assert_frame_equal(rows, ref_rows)
+    assert same(verdicts, ref)
+    kinds = {v.arm: v.kind for v in verdicts}
+    assert kinds == {"slow": "difference", "fp32+slow": "difference", "fp32": "equivalence"}
+    assert {v.arm: v.conclusion for v in verdicts}["slow"] == "different"
+
+
+def test_compare_and_decide_restricted_to_arms_gives_the_knob_effects_judge_gave():
+    """knob_ab._knob_effects: A+B vs B for each knob, judged by the knob's own expectation (its label)."""
+    df, rule = crossed_runs(), DecisionRule()
+    for knob, other in (("fp32", "slow"), ("slow", "fp32")):
+        rows, verdicts = compare_and_decide(df, "arm", "al", other, rule, n_boot=300, seed=3, arms=["fp32+slow"],
+                                            expectation=lambda _arm, k=knob: expectation_of(k))
+        ref_rows, ref = judge_reference(df, "al", other, rule, 300, 3, arms=["fp32+slow"], label=knob)
+        pd.testing.assert_frame_equal(rows, ref_rows)
+        assert same(verdicts, ref)
+        (v,) = verdicts
+        assert (v.arm, v.baseline, v.kind) == ("fp32+slow", other, "equivalence" if knob == "fp32" else "difference")
+
+
+def test_compare_and_decide_without_expectation_judges_equivalence_everywhere():
+    df = crossed_runs()
+    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200, seed=1)
+    _, with_equiv = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200, seed=1,
+                                       expectation=lambda _arm: "equivalent")
+    assert {v.kind for v in verdicts} == {"equivalence"} and same(verdicts, with_equiv)
+    assert list(rows["arm"]) == ["slow", "fp32+slow", "fp32"]  # order of first appearance, as before
+
+
+def test_compare_and_decide_refuses_a_bad_expectation_or_unknown_arm():
+    df = crossed_runs()
+    with pytest.raises(ExperimentError, match=r"expectation for arm 'slow' is 'faster'"):
+        compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=50, expectation=lambda _a: "faster")
+    with pytest.raises(ExperimentError, match=r"arms \['nope'\] are not in column 'arm'"):
+        compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=50, arms=["nope"])

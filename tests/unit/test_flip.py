@@ -42,15 +42,16 @@ def _build(src: Path, dest: Path, value, field="rope_theta", **kw) -> flip.Flipp
 # --- dotted paths -------------------------------------------------------------------------------
 
 
-def test_split_dotted_path_turns_digits_into_list_indexes():
-    assert flip.split_dotted_path("layer_types.2") == ["layer_types", 2]
-    assert flip.split_dotted_path("rope_scaling.factor") == ["rope_scaling", "factor"]
+def test_check_dotted_path_accepts_fields_and_list_indexes():
+    flip.check_dotted_path("layer_types.2")
+    flip.check_dotted_path("rope_scaling.factor")
+    assert flip.get_field(CONFIG, "layer_types.2") == "full"  # a digit segment indexes a list
 
 
 @pytest.mark.parametrize("bad", ["", "a..b", ".a", "a."])
-def test_split_dotted_path_refuses_empty_segments(bad):
+def test_check_dotted_path_refuses_empty_segments(bad):
     with pytest.raises(ExperimentError, match="dotted path"):
-        flip.split_dotted_path(bad)
+        flip.check_dotted_path(bad)
 
 
 def test_set_field_returns_old_value_and_edits_nested_and_list_items():
@@ -63,9 +64,14 @@ def test_set_field_returns_old_value_and_edits_nested_and_list_items():
 
 def test_set_field_refuses_missing_field_naming_it_and_the_file():
     doc = json.loads(json.dumps(CONFIG))
-    with pytest.raises(ExperimentError, match=r"'sample_from_anchor' is missing from draft/config.json"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"field 'sample_from_anchor' in draft/config.json: .* does not exist; set flip.add_missing: true",
+    ):
         flip.set_field(doc, "sample_from_anchor", True, file="draft/config.json")
     assert "sample_from_anchor" not in doc
+    with pytest.raises(ExperimentError, match=r"'sample_from_anchor' is missing from draft/config.json"):
+        flip.get_field(doc, "sample_from_anchor", file="draft/config.json")
 
 
 def test_set_field_adds_missing_field_and_parents_when_asked():
@@ -76,13 +82,36 @@ def test_set_field_adds_missing_field_and_parents_when_asked():
 
 def test_set_field_never_invents_list_indexes():
     doc = json.loads(json.dumps(CONFIG))
-    with pytest.raises(ExperimentError, match="not an index"):
+    with pytest.raises(ExperimentError, match=r"'layer_types.7'.*index 7 is out of range \(the list has 3 items\)"):
         flip.set_field(doc, "layer_types.7", "full", add_missing=True)
+    with pytest.raises(ExperimentError, match="'x' is not an index of a list"):
+        flip.set_field(doc, "layer_types.x", "full", add_missing=True)
+    assert doc["layer_types"] == ["full", "full", "full"]
+
+
+def test_set_field_refuses_negative_list_indexes():
+    """get_field does not follow `layer_types.-1`, so set_field must not either (it did set the last item
+    while has_field said the field was missing, and the folder was then recorded as 'field added')."""
+    doc = json.loads(json.dumps(CONFIG))
+    assert not flip.has_field(doc, "layer_types.-1")
+    with pytest.raises(ExperimentError, match="'-1' is not an index of a list"):
+        flip.set_field(doc, "layer_types.-1", "sliding")
+    assert doc["layer_types"] == ["full", "full", "full"]
+
+
+def test_set_field_below_a_null_needs_add_missing():
+    """rope_scaling is null: rope_scaling.factor is a missing field, refused unless add_missing."""
+    doc = json.loads(json.dumps(CONFIG))
+    with pytest.raises(ExperimentError, match=r"'rope_scaling' does not exist \(it is null\); set flip.add_missing"):
+        flip.set_field(doc, "rope_scaling.factor", 2.0)
+    assert doc["rope_scaling"] is None
+    assert flip.set_field(doc, "rope_scaling.factor", 2.0, add_missing=True) is None
+    assert doc["rope_scaling"] == {"factor": 2.0}
 
 
 def test_set_field_refuses_path_below_a_scalar():
     doc = json.loads(json.dumps(CONFIG))
-    with pytest.raises(ExperimentError, match="below a int"):
+    with pytest.raises(ExperimentError, match=r"field 'rope_theta.base' in <json>: .*rope_theta is a int"):
         flip.set_field(doc, "rope_theta.base", 1, add_missing=True)
 
 
@@ -144,7 +173,7 @@ def test_refuses_large_file_not_named_like_weights(model_dir, tmp_path):
 
 
 def test_refuses_missing_field_without_building_anything(model_dir, tmp_path):
-    with pytest.raises(ExperimentError, match="'sample_from_anchor' is missing"):
+    with pytest.raises(ExperimentError, match=r"field 'sample_from_anchor' in .*config.json: .* does not exist"):
         _build(model_dir, tmp_path / "arm", True, field="sample_from_anchor")
     assert not (tmp_path / "arm").exists()
 

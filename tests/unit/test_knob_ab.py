@@ -1,19 +1,31 @@
 """The knob A/B analysis on crafted run/interval frames whose answers are known by construction.
 
-Launch argv come from the real vLLM adapter (build_spec), exactly as collect() records them.
+Launch argv come from the real vLLM adapter (build_spec), exactly as collect() records them. Frames are
+built in the layout collect() saves now (the acceptance model's counts); one test writes the layout of
+older specbook versions into a run folder and checks load() gives the same figures.
 """
 
 import json
+import math
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from specbook.acceptance import position_column
 from specbook.engines import get_engine
 from specbook.errors import ParamsError
 from specbook.experiments import knob_ab
+from specbook.experiments.knob_ab.analysis import per_position_frame, reconcile_log_with_counters
+from specbook.experiments.knob_ab.attribution import (
+    _arm_config,
+    attention_backends_from_logs,
+    backend_knob_reach,
+)
+from specbook.experiments.knob_ab.collection import COUNTER, run_name, upgrade_runs_frame
 from specbook.params import validate_params
+from specbook.runstore import RunContext
 
 PARAMS = {
     "engine": {"engine": "vllm", "model": "org/target", "dtype": "bfloat16", "max_num_seqs": 4,
@@ -35,21 +47,49 @@ STEADY_AL = {
     "fp32+int4": [3.105, 3.11, 3.115],
 }
 WARMUP_AL = 1.5  # what load-dropped intervals show: must not reach the verdicts
+K = 4
+IV_DRAFTS = 200  # drafts per log interval
+RUN_DRAFTS = 337  # drafts per run (counter delta): rates accepted/337 are not exact in binary
+# position i's share of the accepted tokens around their mean: falls with the position, as real drafts do
+SHAPE = (1.15, 1.05, 0.95, 0.85)
 
 
 def params(**overrides):
     return validate_params(knob_ab.KnobABParams, {**PARAMS, **overrides}, "test-params.yaml")
 
 
+def position_counts(accepted: int, drafts: int) -> list[int]:
+    """`accepted` split over positions 1..K, falling with the position, each at most `drafts`."""
+    mean = accepted / K
+    first = [round(mean * s) for s in SHAPE[:-1]]
+    counts = [*first, accepted - sum(first)]
+    assert all(0 <= c <= drafts for c in counts) and counts == sorted(counts, reverse=True)
+    return counts
+
+
+def run_counts(al: float) -> dict[str, int]:
+    """A run's counter delta (acceptance-model columns, counter_ prefix) whose AL is `al`."""
+    accepted = round((al - 1) * RUN_DRAFTS)
+    return {f"{COUNTER}drafts": RUN_DRAFTS, f"{COUNTER}draft_tokens": RUN_DRAFTS * K,
+            f"{COUNTER}accepted_tokens": accepted,
+            **{position_column(i + 1, COUNTER): n for i, n in enumerate(position_counts(accepted, RUN_DRAFTS))}}
+
+
 def intervals_for(run_id, steady_al, t0):
+    """Ten log intervals: warm-up, six at full load with `steady_al`, drain (the new intervals layout)."""
     rows = []
     running = [1, 2, 4, 4, 4, 4, 4, 4, 2, 1]
     for i, r in enumerate(running):
-        al = steady_al if r == 4 else WARMUP_AL
-        rows.append({"run_id": run_id, "line_no": 10 + i, "timestamp": t0 + timedelta(seconds=i), "t_s": float(i),
-                     "mean_acceptance_length": al, "accepted_tokens": round((al - 1) * 200), "drafted_tokens": 800,
-                     "drafts": 200, "num_speculative_tokens": 4, "running": r, "waiting": 0,
-                     **{f"acceptance_pos_{p}": (al - 1) / 4 for p in range(4)}})
+        accepted = round(((steady_al if r == 4 else WARMUP_AL) - 1) * IV_DRAFTS)
+        ts = t0 + timedelta(seconds=i)
+        rows.append({"run_id": run_id, "line_no": 10 + i, "timestamp": ts,
+                     "timestamp_text": ts.strftime("%m-%d %H:%M:%S"), "engine": "000",
+                     "al": 1 + accepted / IV_DRAFTS, "accepted_tokens": accepted,
+                     "draft_tokens": IV_DRAFTS * K, "drafts": IV_DRAFTS, "k": K, "accepted_throughput": accepted / 1.0,
+                     "drafted_throughput": IV_DRAFTS * K / 1.0, "acceptance_rate": accepted / (IV_DRAFTS * K),
+                     **{position_column(p + 1): n for p, n in enumerate(position_counts(accepted, IV_DRAFTS))},
+                     "stats_line_no": 9 + i, "running": r, "waiting": 0, "prompt_throughput": 0.0,
+                     "generation_throughput": 100.0, "kv_cache_usage": 0.1, "t_s": float(i)})
     return rows
 
 
@@ -61,16 +101,15 @@ def make_data(p, *, mislabel=None):
     order = 0
     for sweep in range(p.sweeps):
         for name, arm in arms.items():
-            run_id = knob_ab.run_name(order, sweep, arm)
+            run_id = run_name(order, sweep, arm)
             real = mislabel[1] if mislabel and mislabel[0] == run_id else name
-            cfg = knob_ab._arm_config(arms[real], p)
+            cfg = _arm_config(arms[real], p)
             spec = engine.build_spec(cfg, name=run_id, log_path=Path("x.log"), port=40000 + order)
             al = STEADY_AL[real][sweep]
             runs.append({"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": name, "status": "ok",
                          "argv": json.dumps(spec.argv), "launched_env": json.dumps(spec.env),
-                         "counter_al": al, "tok_s": 50.0, "wall_s": 10.0, "completion_tokens": 500,
-                         "correct": 5, "total": 12,
-                         "counter_per_position": json.dumps([(al - 1) / 4] * 4)})
+                         "tok_s": 50.0, "wall_s": 10.0, "completion_tokens": 500, "correct": 5, "total": 12,
+                         **run_counts(al)})
             intervals += intervals_for(run_id, al, t0 + timedelta(minutes=order))
             order += 1
     return knob_ab.KnobABData(pd.DataFrame(runs), pd.DataFrame(intervals), pd.DataFrame())
@@ -78,40 +117,75 @@ def make_data(p, *, mislabel=None):
 
 def test_verdicts_equivalent_for_the_neutral_knob_and_different_for_the_control():
     p = params()
-    res = knob_ab.analyze(make_data(p), p)
-    conclusions = {(r["comparison"]): r["conclusion"] for _, r in res.knob_verdicts.iterrows()}
+    d = knob_ab.analyze(make_data(p), p).decision
+    conclusions = {(r["comparison"]): r["conclusion"] for _, r in d.knob_verdicts.iterrows()}
     assert conclusions["fp32 vs baseline"] == "equivalent"
     assert conclusions["int4 vs baseline"] == "different"
     # each knob judged again with the other knob on
     assert conclusions["fp32+int4 vs int4"] == "equivalent"
     assert conclusions["fp32+int4 vs fp32"] == "different"
-    assert res.knob_verdicts["as expected"].all()
-    assert "PASS" in set(res.verdict_table["result"])
+    assert d.knob_verdicts["as expected"].all()
+    assert "PASS" in set(d.verdict_table["result"])
+    assert d.value_col == "steady_log_al" and d.rule_text == p.decision.describe()
 
 
 def test_steady_state_drops_load_intervals_and_keeps_the_constructed_al():
     p = params()
     res = knob_ab.analyze(make_data(p), p)
-    base = res.run_al[res.run_al["arm"] == "baseline"].sort_values("sweep")
-    assert base["steady_log_al"].tolist() == pytest.approx(STEADY_AL["baseline"], abs=1e-3)
+    run_al = res.decision.run_al
+    base = run_al[run_al["arm"] == "baseline"].sort_values("sweep")
+    assert base["steady_log_al"].tolist() == pytest.approx(STEADY_AL["baseline"], abs=1e-12)
     assert (base["intervals_kept"] == 6).all() and (base["intervals_total"] == 10).all()
     # all intervals (warm-up and drain included) pull AL toward the warm-up value
     assert (base["all_intervals_log_al"] < base["steady_log_al"]).all()
-    assert set(res.drop_reasons.columns) >= {"warm-up", "drain"}
+    assert set(res.steady.drop_reasons.columns) >= {"warm-up", "drain"}
+
+
+def test_counter_al_is_derived_from_the_saved_counts():
+    p = params()
+    data = make_data(p)
+    assert "counter_al" not in data.runs  # not saved: derived from the counts
+    res = knob_ab.analyze(data, p)
+    runs = data.runs.set_index("run_id")
+    expected = 1 + runs[f"{COUNTER}accepted_tokens"] / runs[f"{COUNTER}drafts"]
+    for table in (res.decision.run_al, res.runs):
+        got = table.set_index("run_id")["counter_al"]
+        assert got.to_dict() == pytest.approx(expected.to_dict(), abs=1e-12)
+    # the counts are round((AL - 1) x 337): the counter AL is the constructed AL to 1/337
+    base = res.decision.run_al[res.decision.run_al["arm"] == "baseline"].sort_values("sweep")
+    assert base["counter_al"].tolist() == pytest.approx(STEADY_AL["baseline"], abs=0.5 / RUN_DRAFTS)
+
+
+def test_counter_al_as_primary_gives_the_same_verdicts():
+    p = params(measurement={"n_boot": 2000, "primary": "counter_al"})
+    d = knob_ab.analyze(make_data(p), p).decision
+    assert d.value_col == "counter_al"
+    conclusions = d.knob_verdicts.set_index("comparison")["conclusion"]
+    assert conclusions["fp32 vs baseline"] == "equivalent" and conclusions["int4 vs baseline"] == "different"
 
 
 def test_crude_cut_is_shown_lower_than_the_load_cut():
     p = params()
-    res = knob_ab.analyze(make_data(p), p)
-    row = res.crude_vs_load.set_index("arm").loc["baseline"]
-    crude_col = next(c for c in res.crude_vs_load.columns if c.startswith("crude cut"))
+    s = knob_ab.analyze(make_data(p), p).steady
+    row = s.crude_vs_load.set_index("arm").loc["baseline"]
+    crude_col = next(c for c in s.crude_vs_load.columns if c.startswith("crude cut"))
     assert row[crude_col] < row["load cut (steady)"]
+    assert f"{s.crude_threshold:.3f}" in crude_col
+
+
+def test_sensitivity_table_has_one_row_per_fraction_and_one_column_per_arm():
+    p = params()
+    s = knob_ab.analyze(make_data(p), p).steady
+    assert list(s.sensitivity_table.index) == p.steady_state.sensitivity
+    assert set(s.sensitivity_table.columns) == set(STEADY_AL)
+    # at full load only steady intervals stay: the arm's mean of its constructed AL
+    assert s.sensitivity_table.loc[1.0, "int4"] == pytest.approx(sum(STEADY_AL["int4"]) / 3, abs=1e-12)
 
 
 def test_interaction_is_near_zero_when_effects_add_up():
     p = params()
     res = knob_ab.analyze(make_data(p), p)
-    inter = res.interaction.set_index("quantity")["value"]
+    inter = res.decision.interaction.set_index("quantity")["value"]
     # (A+B - B) - (A - base) by construction: (3.11 - 3.11) - (4.31 - 4.31) = 0
     assert inter["interaction (A+B - B) - (A - base)"] == pytest.approx(0.0, abs=1e-9)
     assert inter["effect of B"] == pytest.approx(3.11 - 4.31, abs=1e-9)
@@ -122,19 +196,51 @@ def test_a_run_whose_real_args_differ_from_its_declared_arm_is_flagged_and_moved
     p = params()
     data = make_data(p, mislabel=("01-sweep0-fp32", "baseline"))
     res = knob_ab.analyze(data, p)
-    flagged = res.flagged_runs.set_index("run_id")
+    flagged = res.attribution.flagged.set_index("run_id")
     assert list(flagged.index) == ["01-sweep0-fp32"]
     assert flagged.loc["01-sweep0-fp32", "arm"] == "baseline"
     assert "--dtype" in flagged.loc["01-sweep0-fp32", "reason"]
-    assert (res.run_al["arm"] == "baseline").sum() == 4
+    assert (res.decision.run_al["arm"] == "baseline").sum() == 4
+    assert len(res.attribution.table) == len(data.runs)
 
 
-def test_per_position_from_counters():
+def expected_position_rates(data, arm: str) -> dict[int, float]:
+    """Mean over the arm's runs of counter_accepted_pos_i / counter_drafts, by position i (1-based)."""
+    runs = data.runs[data.runs["declared_arm"] == arm]
+    return {i: float((runs[position_column(i, COUNTER)] / runs[f"{COUNTER}drafts"]).mean()) for i in range(1, K + 1)}
+
+
+def test_per_position_from_counters_is_one_based():
     p = params()
-    res = knob_ab.analyze(make_data(p), p)
-    pp = res.per_position.groupby(["arm", "position"])["acceptance"].mean()
-    assert pp[("baseline", 1)] == pytest.approx((4.31 - 1) / 4, abs=1e-3)
-    assert sorted(res.per_position["position"].unique()) == [1, 2, 3, 4]
+    data = make_data(p)
+    res = knob_ab.analyze(data, p)
+    pp = res.per_position
+    assert sorted(pp["position"].unique()) == list(range(1, K + 1))
+    assert set(pp["source"]) == {"counters"}
+    rates = pp.groupby(["arm", "position"])["rate"].mean()
+    for arm in STEADY_AL:
+        for pos, rate in expected_position_rates(data, arm).items():
+            assert rates[(arm, pos)] == pytest.approx(rate, abs=1e-12)
+    # position 1 is the first drafted token: the highest rate, not shifted to position 0 or 2
+    assert rates[("baseline", 1)] > rates[("baseline", 2)] > rates[("baseline", K)]
+    table = res.per_position_table
+    assert list(table.index) == list(range(1, K + 1)) and set(table.columns) == set(STEADY_AL)
+    assert table.loc[1, "int4"] == pytest.approx(rates[("int4", 1)], abs=1e-12)
+
+
+def test_per_position_from_log_intervals_when_runs_have_no_counters():
+    p = params()
+    data = make_data(p)
+    runs = data.runs.drop(columns=[c for c in data.runs if c.startswith(COUNTER)])
+    arm_of = dict(zip(runs["run_id"], runs["declared_arm"], strict=True))
+    pp = per_position_frame(runs, data.intervals, arm_of)
+    assert set(pp["source"]) == {"log"} and sorted(pp["position"].unique()) == list(range(1, K + 1))
+    run_id = runs["run_id"].iloc[0]
+    part = data.intervals[data.intervals["run_id"] == run_id]
+    got = pp[pp["run_id"] == run_id].set_index("position")
+    for pos in range(1, K + 1):
+        assert got.loc[pos, "accepted"] == part[position_column(pos)].sum()
+        assert got.loc[pos, "rate"] == pytest.approx(part[position_column(pos)].sum() / part["drafts"].sum())
 
 
 def test_ingest_mode_requires_logs():
@@ -163,11 +269,92 @@ def test_a_knob_env_var_inherited_from_the_launching_shell_is_refused():
 
 
 def test_log_totals_are_reconciled_with_the_counters():
-    runs = pd.DataFrame({"run_id": ["a", "b"], "counter_drafts": [30, 30], "counter_accepted": [90, 90]})
+    runs = pd.DataFrame({"run_id": ["a", "b"], "counter_drafts": [30, 30], "counter_accepted_tokens": [90, 90]})
     iv = pd.DataFrame({"run_id": ["a", "a", "b"], "drafts": [10, 20, 10], "accepted_tokens": [30, 60, 30]})
-    rec = knob_ab.reconcile_log_with_counters(runs, iv).set_index("run_id")
+    rec = reconcile_log_with_counters(runs, iv).set_index("run_id")
     assert rec.loc["a", "log_matches_counters"] and not rec.loc["b", "log_matches_counters"]
-    assert rec.loc["b", "log_drafts"] == 10
+    assert rec.loc["b", "log_drafts"] == 10 and rec.loc["b", "log_accepted_tokens"] == 30
+    assert rec.loc["b", "counter_accepted_tokens"] == 90
+
+
+def test_a_log_short_of_its_counters_is_noted_in_the_result():
+    p = params()
+    res = knob_ab.analyze(make_data(p), p)
+    rec = res.reconciliation.set_index("run_id")
+    # the crafted counters are not the interval sums: every run disagrees, and the report says so
+    assert not rec["log_matches_counters"].any()
+    assert (rec["log_drafts"] == 10 * IV_DRAFTS).all() and (rec["counter_drafts"] == RUN_DRAFTS).all()
+    assert any("disagree" in n for n in res.notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# frames saved by older specbook versions (commit 5ece790 and before)
+
+
+def old_runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` as specbook saved it before the acceptance model: counter_accepted, per-position RATES as
+    JSON (accepted_i / drafts, position 0 first), and counter_al."""
+    pos = [position_column(i, COUNTER) for i in range(1, K + 1)]
+    old = runs.drop(columns=[*pos, f"{COUNTER}accepted_tokens"])
+    old["counter_accepted"] = runs[f"{COUNTER}accepted_tokens"]
+    old["counter_al"] = 1 + runs[f"{COUNTER}accepted_tokens"] / runs[f"{COUNTER}drafts"]
+    old["counter_per_position"] = [json.dumps([r[c] / r[f"{COUNTER}drafts"] for c in pos]) for _, r in runs.iterrows()]
+    return old
+
+
+def old_intervals_frame(iv: pd.DataFrame) -> pd.DataFrame:
+    """Log intervals as specbook saved them before: vLLM's printed names and per-position RATES (0-based)."""
+    old = iv.rename(columns={"al": "mean_acceptance_length", "draft_tokens": "drafted_tokens",
+                             "k": "num_speculative_tokens", "acceptance_rate": "avg_draft_acceptance_rate"})
+    for p in range(K):
+        old[f"acceptance_pos_{p}"] = (old.pop(position_column(p + 1)) / old["drafts"]).round(3)  # printed %.3f
+    return old
+
+
+def test_upgrade_runs_frame_recovers_the_integer_counts_from_old_rates():
+    p = params()
+    new = make_data(p).runs
+    old = old_runs_frame(new)
+    assert old["counter_per_position"].iloc[0] != json.dumps([])
+    up = upgrade_runs_frame(old)
+    cols = [f"{COUNTER}drafts", f"{COUNTER}draft_tokens", f"{COUNTER}accepted_tokens",
+            *[position_column(i, COUNTER) for i in range(1, K + 1)]]
+    assert "counter_per_position" not in up and "counter_accepted" not in up and "counter_al" not in up
+    for c in cols:
+        assert up[c].tolist() == new[c].tolist(), c  # exact integers, not rates x drafts
+    # a run that failed before measuring has no counts to recover
+    failed = old.iloc[:1].assign(status="failed", counter_drafts=math.nan, counter_accepted=math.nan,
+                                 counter_per_position=None)
+    up_failed = upgrade_runs_frame(pd.concat([old, failed], ignore_index=True)).iloc[-1]
+    assert math.isnan(up_failed[position_column(1, COUNTER)])
+    # a frame already in the new layout passes through untouched
+    pd.testing.assert_frame_equal(upgrade_runs_frame(new), new)
+
+
+def save_run(tmp_path: Path, name: str, runs: pd.DataFrame, intervals: pd.DataFrame) -> RunContext:
+    ctx = RunContext(tmp_path / name)
+    ctx.save_frame(knob_ab.RUNS, runs)
+    ctx.save_frame(knob_ab.INTERVALS, intervals)
+    return ctx
+
+
+def test_a_run_folder_of_the_old_layout_loads_to_the_same_figures(tmp_path):
+    p = params()
+    data = make_data(p)
+    new = knob_ab.analyze(knob_ab.load(save_run(tmp_path, "new", data.runs, data.intervals)), p)
+    old_data = knob_ab.load(save_run(tmp_path, "old", old_runs_frame(data.runs), old_intervals_frame(data.intervals)))
+    assert sorted(old_data.runs.columns) == sorted(data.runs.columns)
+    for col in ("drafts", "accepted_tokens", "draft_tokens", "al", "acceptance_rate", "k",
+                *[position_column(i) for i in range(1, K + 1)]):
+        assert old_data.intervals[col].tolist() == pytest.approx(data.intervals[col].tolist()), col
+    old = knob_ab.analyze(old_data, p)
+    key = ["run_id"]
+    for a, b in ((new.decision.run_al, old.decision.run_al), (new.per_position, old.per_position),
+                 (new.reconciliation, old.reconciliation), (new.runs, old.runs)):
+        pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True),
+                                      b.sort_values(key).reset_index(drop=True), check_dtype=False)
+    pd.testing.assert_frame_equal(new.decision.comparisons, old.decision.comparisons)
+    pd.testing.assert_frame_equal(new.decision.knob_verdicts, old.decision.knob_verdicts)
 
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
@@ -179,12 +366,12 @@ def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(
 
     from specbook.engines import list_engines, register_engine
     from specbook.errors import RunError
-    from specbook.runstore import RunContext
     from specbook.server import ServerSpec
 
     if "stub-exit" not in list_engines():
+        # the vLLM adapter's log readers (start-up facts...) with a server that exits before listening
         @register_engine("stub-exit")
-        class _ExitAtOnce:
+        class _ExitAtOnce(type(get_engine("vllm"))):
             name = "stub-exit"
 
             def build_spec(self, cfg, *, name, log_path, port):
@@ -207,7 +394,8 @@ def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(
     runs = ctx.load_frame("runs")
     assert runs["status"].tolist() == ["failed"]
     assert "could not allocate KV cache" in runs["error"].iloc[0]  # the log tail travels with the error
-    assert [s.name for s in ctx.servers()] == ["00-sweep0-baseline"]
+    servers = ctx.servers()
+    assert [s.name for s in servers] == ["00-sweep0-baseline"] and servers[0].status == "failed"
     assert ctx.log_path("00-sweep0-baseline").read_text().startswith("Env:")
 
 
@@ -232,17 +420,17 @@ def _h200_runs(tmp_path):
 
 
 def test_backends_per_run_come_from_each_server_log(tmp_path):
-    runs = knob_ab.attention_backends_from_logs(_h200_runs(tmp_path), tmp_path)
+    runs = attention_backends_from_logs(_h200_runs(tmp_path), tmp_path, "vllm")
     assert runs["attention_backend_target"].tolist() == ["FLASH_ATTN", "TRITON_ATTN", None]
     assert runs["attention_backend_draft"].tolist() == ["FLASH_ATTN", "FLASH_ATTN", None]
 
 
 def test_a_backend_knob_that_misses_the_draft_is_noted(tmp_path):
     p = knob_ab.load_params_file(str(H200_PARAMS))
-    runs = knob_ab.attention_backends_from_logs(_h200_runs(tmp_path), tmp_path)
-    (note,) = knob_ab.backend_knob_reach(runs, p)
+    runs = attention_backends_from_logs(_h200_runs(tmp_path), tmp_path, "vllm")
+    (note,) = backend_knob_reach(runs, p)
     assert "'triton_attn' asks for attention backend TRITON_ATTN" in note
     assert "the draft of its runs used FLASH_ATTN" in note and "speculative_config.attention_backend" in note
     # where the draft did use the requested backend, nothing is noted
     runs.loc[runs["arm"] == "triton_attn", "attention_backend_draft"] = "TRITON_ATTN"
-    assert knob_ab.backend_knob_reach(runs, p) == []
+    assert backend_knob_reach(runs, p) == []

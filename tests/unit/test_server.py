@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specbook.envline import parse_env_line
+from specbook.envline import parse_env_line, read_env_line
 from specbook.errors import ServerStartError
 from specbook.server import REDACTED, ManagedServer, ServerSpec, env_diff, free_port, redact_env
 
@@ -55,15 +55,16 @@ def test_env_line_first_redacted_and_unset_applied(tmp_path, monkeypatch):
     }
     assert any("STUB_VISIBLE=None" in ln for ln in lines[1:])  # unset_env really removed it
     assert srv.launched_env["HF_TOKEN"] == REDACTED and srv.launched_env["SPACED"] == "a b"
+    assert read_env_line(spec.log_path) == srv.launched_env  # what attribution reads back
     assert srv.surviving_pids() == []
 
 
-def test_env_line_round_trips_through_logparse(tmp_path):
+def test_env_line_round_trips_even_when_the_server_dies(tmp_path):
     spec = stub_spec(tmp_path, "exit-at-once", env={"SPACED": "a b 'q'", "K": "v=1"})
     with pytest.raises(ServerStartError):
         ManagedServer(spec).__enter__()
     first = spec.log_path.read_text().splitlines()[0]
-    assert parse_env_line(first) == {"SPACED": "a b 'q'", "K": "v=1"}
+    assert parse_env_line(first) == {"SPACED": "a b 'q'", "K": "v=1"} == read_env_line(spec.log_path)
 
 
 def test_early_death_carries_the_log_tail(tmp_path):

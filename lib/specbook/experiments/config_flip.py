@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +25,13 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specbook import flip
+from specbook.acceptance import (
+    ACCEPTED,
+    Acceptance,
+    accepted_per_draft_from_al,
+    per_position_frame,
+    upgrade_position_columns,
+)
 from specbook.engines import EngineConfig
 from specbook.errors import ExperimentError, ModelNotPreparedError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
@@ -99,7 +105,6 @@ class ConfigFlipParams(ExperimentParams):
         return self.prompts[: self.num_prompts] if self.num_prompts else list(self.prompts)
 
 
-register_experiment(ExperimentSpec("config_flip", ConfigFlipParams, "config_flip.ipynb"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,20 +247,10 @@ def _chat_requests(params: ConfigFlipParams, prefix: str = "p") -> list[Any]:
     return out
 
 
-def _positions(values: Any) -> list[float]:
-    """Per-position figures as a list, whether the delta gives a list or a {position: n} mapping."""
-    if values is None:
-        return []
-    if isinstance(values, dict):
-        return [values[k] for k in sorted(values, key=int)]
-    return list(values)
-
-
 def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
     """Build the arms, prove them one-field apart, serve each in turn and save frames as each ends."""
-    from specbook.client import records_frame, run_requests_sync
+    from specbook import harness
     from specbook.engines import get_engine
-    from specbook.server import ManagedServer, free_port
 
     folders, summary = build_arms(params, Path(ctx.run_dir) / FLIP_DIRNAME)
     engine = get_engine(params.engine.engine)
@@ -272,83 +267,43 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
 
     requests = _chat_requests(params)
     warmup = _chat_requests(params.model_copy(update={"num_prompts": 1, "max_tokens": 8}), prefix="warmup")
-    arm_rows: list[dict[str, Any]] = []
-    request_frames: list[pd.DataFrame] = []
-    interval_frames: list[pd.DataFrame] = []
     for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
-        spec = engine.build_spec(cfg, name=label, log_path=ctx.log_path(label), port=free_port())
-        model_name = spec.model_name or cfg.served_model_name or cfg.model
-        with ManagedServer(spec) as srv:
-            versions = engine.probe_versions(srv.base_url)
+        extra = {"experiment": "config_flip", "field": params.flip.field, "value": json.dumps(folder.value),
+                 "folder": str(folder.path)}
+        with harness.serve(cfg, ctx, label, extra=extra) as server:
             for _ in range(params.warmup_requests):
-                run_requests_sync(srv.base_url, model_name, warmup, concurrency=1, progress=False)
-            before = _scrape(srv.base_url)
-            t0 = datetime.now(timezone.utc)
-            records = run_requests_sync(
-                srv.base_url, model_name, requests, concurrency=params.concurrency,
-                progress=False, desc=label,
-            )
-            elapsed = (datetime.now(timezone.utc) - t0).total_seconds()
-            after = _scrape(srv.base_url)
-            delta = engine.spec_decode_delta(before, after, model_name)
-            started_at, ready_s, launched_env, argv = srv.started_at, srv.ready_s, srv.launched_env, srv.argv
-        stopped_at = datetime.now(timezone.utc)
-        ctx.record_server(
-            label, argv, launched_env, versions, started_at, stopped_at=stopped_at, ready_s=ready_s,
-            extra={"experiment": "config_flip", "field": params.flip.field,
-                   "value": json.dumps(folder.value), "folder": str(folder.path)},
-        )
+                server.send(warmup)
+            window = server.measure(requests, concurrency=params.concurrency)
         row = {
             "arm": label, "index": index, "value": json.dumps(folder.value),
             "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
-            "folder": str(folder.path), "requests": len(records), "elapsed_s": elapsed, "ready_s": ready_s,
-            "drafts": delta.drafts, "draft_tokens": delta.draft_tokens, "accepted_tokens": delta.accepted_tokens,
+            "folder": str(folder.path), "requests": len(window.records), "elapsed_s": window.wall_s,
+            "ready_s": server.ready_s, **window.acceptance.counts(),
         }
-        for pos, n in enumerate(_positions(delta.accepted_per_position)):
-            row[f"accepted_pos_{pos}"] = n
-        arm_rows.append(row)
-        frame = records_frame(records)
+        frame = window.requests_frame()
         frame.insert(0, "arm", label)
         frame.insert(1, "value", json.dumps(folder.value))
-        request_frames.append(frame)
         # Saved after every arm: a later arm's failure keeps what the earlier ones measured.
-        ctx.save_frame(ARMS_FRAME, pd.DataFrame(arm_rows))
-        ctx.save_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True))
-        intervals = _log_intervals(spec.log_path, label)
-        if intervals is not None:
-            interval_frames.append(intervals)
-            ctx.save_frame(INTERVALS_FRAME, pd.concat(interval_frames, ignore_index=True))
+        ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
+        ctx.append_frame(REQUESTS_FRAME, frame)
+        intervals = window.log_intervals()
+        if len(intervals):
+            intervals.insert(0, "arm", label)
+            ctx.append_frame(INTERVALS_FRAME, intervals)
     return load(ctx)
 
 
-def _scrape(base_url: str) -> Any:
-    from specbook.metrics import scrape
-
-    return scrape(base_url)
-
-
-def _log_intervals(log_path: Path, label: str) -> pd.DataFrame | None:
-    from specbook.engines.vllm.logparse import intervals_frame, parse_log
-
-    frame = intervals_frame(parse_log(log_path))
-    if frame is None or frame.empty:
-        return None
-    frame = frame.copy()
-    frame.insert(0, "arm", label)
-    return frame
-
-
 def load(ctx: Any) -> FlipData:
-    """Read back what collect saved (reuse_data / `specbook render`)."""
-    data_dir = Path(ctx.data_dir)
-    intervals = (
-        ctx.load_frame(INTERVALS_FRAME) if (data_dir / f"{INTERVALS_FRAME}.parquet").exists() else pd.DataFrame()
-    )
+    """Read back what collect saved (reuse_data / `specbook render`); frames of older runs are upgraded."""
+    from specbook.engines.vllm.logparse import upgrade_intervals_frame
+
+    intervals = ctx.load_frame(INTERVALS_FRAME) if ctx.has_frame(INTERVALS_FRAME) else pd.DataFrame()
+    arms = upgrade_position_columns(ctx.load_frame(ARMS_FRAME)).rename(columns={"accepted": ACCEPTED})
     return FlipData(
         flip=ctx.load_json(FLIP_JSON),
-        arms=ctx.load_frame(ARMS_FRAME),
+        arms=arms,
         requests=ctx.load_frame(REQUESTS_FRAME),
-        intervals=intervals,
+        intervals=upgrade_intervals_frame(intervals) if len(intervals) else intervals,
     )
 
 
@@ -357,15 +312,14 @@ def load(ctx: Any) -> FlipData:
 # ---------------------------------------------------------------------------------------------
 
 
-def _per_position_columns(arms: pd.DataFrame) -> list[str]:
-    cols = [c for c in arms.columns if c.startswith("accepted_pos_")]
-    return sorted(cols, key=lambda c: int(c.rsplit("_", 1)[1]))
+def arm_acceptance(arm: Any) -> Acceptance:
+    return Acceptance.from_row(arm, source="counter delta")
 
 
 def arm_summary(data: FlipData) -> pd.DataFrame:
-    """One row per arm: AL, draft acceptance, tok/s, per-step time, failed requests.
+    """One row per arm: AL, acceptance rate, tok/s, per-step time, failed requests.
 
-    - AL = 1 + accepted / drafts (counter deltas over the measured window)
+    - al, acceptance_rate: the acceptance model on the counter deltas of the measured window
     - output_tok_s = completion tokens / elapsed wall time of the arm's measured window
     - decode_steps = sum over requests of (completion_tokens - 1) / AL
     - per_step_ms = sum(wall - ttft) / decode_steps
@@ -374,8 +328,8 @@ def arm_summary(data: FlipData) -> pd.DataFrame:
     for _, arm in data.arms.sort_values("index").iterrows():
         req = data.requests[data.requests["arm"] == arm["arm"]]
         ok = req[req["error"].isna()] if "error" in req else req
-        drafts, accepted = float(arm["drafts"]), float(arm["accepted_tokens"])
-        al = 1.0 + accepted / drafts if drafts > 0 else math.nan
+        acc = arm_acceptance(arm)
+        al = acc.al
         completion = float(ok["completion_tokens"].sum())
         decode_s = float((ok["wall_s"] - ok["ttft_s"]).sum())
         steps = float(((ok["completion_tokens"] - 1).clip(lower=0) / al).sum()) if al == al else math.nan
@@ -386,11 +340,11 @@ def arm_summary(data: FlipData) -> pd.DataFrame:
             "requests": int(len(req)),
             "failed": int(len(req) - len(ok)),
             "completion_tokens": int(completion),
-            "drafts": int(drafts),
-            "draft_tokens": int(arm["draft_tokens"]),
-            "accepted_tokens": int(accepted),
-            "acceptance_length": al,
-            "draft_acceptance_rate": accepted / float(arm["draft_tokens"]) if arm["draft_tokens"] else math.nan,
+            "drafts": int(acc.drafts or 0),
+            "draft_tokens": int(acc.draft_tokens),
+            "accepted_tokens": int(acc.accepted_tokens),
+            "al": al,
+            "acceptance_rate": acc.acceptance_rate,
             "output_tok_s": completion / float(arm["elapsed_s"]) if arm["elapsed_s"] else math.nan,
             "decode_tok_s": (completion - len(ok)) / decode_s if decode_s > 0 else math.nan,
             "decode_steps": steps,
@@ -401,18 +355,23 @@ def arm_summary(data: FlipData) -> pd.DataFrame:
 
 
 def per_position_acceptance(data: FlipData) -> pd.DataFrame:
-    """Arm x draft position: the share of drafts whose token at that position was accepted."""
-    cols = _per_position_columns(data.arms)
-    rows = []
-    for _, arm in data.arms.sort_values("index").iterrows():
-        for col in cols:
-            n = arm[col]
-            rows.append({
-                "arm": arm["arm"], "value": arm["value"], "position": int(col.rsplit("_", 1)[1]),
-                "accepted": int(n) if n == n else 0,
-                "acceptance_rate": float(n) / float(arm["drafts"]) if arm["drafts"] else math.nan,
-            })
-    return pd.DataFrame(rows)
+    """Arm x draft position (1-based): the share of drafts whose token at that position was accepted."""
+    arms = data.arms.sort_values("index")
+    return per_position_frame(({"arm": a["arm"], "value": a["value"]}, arm_acceptance(a)) for _, a in arms.iterrows())
+
+
+def per_position_table(positions: pd.DataFrame) -> pd.DataFrame:
+    """position x arm: the rate (the report's table and bar plot)."""
+    return positions.pivot(index="position", columns="arm", values="rate")
+
+
+def intervals_by_arm(data: FlipData) -> pd.DataFrame:
+    """interval number x arm: each log interval's printed AL (a flat line = AL is the config's, not a prompt's)."""
+    if data.intervals.empty:
+        return pd.DataFrame()
+    iv = data.intervals.copy()
+    iv["interval"] = iv.groupby("arm").cumcount()
+    return iv.pivot(index="interval", columns="arm", values="al")
 
 
 def output_equality(data: FlipData) -> pd.DataFrame:
@@ -472,7 +431,7 @@ class FlipVerdict:
 
 def flip_verdict(summary: pd.DataFrame, equality: pd.DataFrame, collapse_fraction: float) -> FlipVerdict:
     """Which arms' acceptance collapsed relative to the best arm (AL-1 at most collapse_fraction x best)."""
-    per_step = {r["arm"]: float(r["acceptance_length"]) - 1.0 for _, r in summary.iterrows()}
+    per_step = {r["arm"]: accepted_per_draft_from_al(float(r["al"])) for _, r in summary.iterrows()}
     finite = {a: v for a, v in per_step.items() if v == v}
     if not finite:
         raise ExperimentError("no arm has drafts in its counters; was speculative decoding on?")
@@ -519,3 +478,32 @@ def diff_table(data: FlipData) -> pd.DataFrame:
         for d in diffs
     ]
     return pd.DataFrame(rows)
+
+
+@dataclass
+class FlipResult:
+    """Everything the config-flip report shows."""
+
+    description: str
+    differences: pd.DataFrame
+    summary: pd.DataFrame
+    per_position: pd.DataFrame
+    per_position_table: pd.DataFrame
+    intervals_by_arm: pd.DataFrame
+    output_equality: pd.DataFrame
+    verdict: FlipVerdict
+
+
+def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
+    summary = arm_summary(data)
+    positions = per_position_acceptance(data)
+    equality = output_equality(data)
+    return FlipResult(
+        description=describe_flip(data), differences=diff_table(data), summary=summary, per_position=positions,
+        per_position_table=per_position_table(positions), intervals_by_arm=intervals_by_arm(data),
+        output_equality=equality, verdict=flip_verdict(summary, equality, params.collapse_fraction),
+    )
+
+
+register_experiment(ExperimentSpec("config_flip", ConfigFlipParams, "config_flip.ipynb",
+                                   collect=collect, load=load, analyze=analyze))

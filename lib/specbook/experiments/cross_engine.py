@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,15 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specbook.acceptance import DEFINITION, counts_from_llamacpp_timings, counts_from_spec_decode_delta
+from specbook.acceptance import (
+    ACCEPTED,
+    DEFINITION,
+    Acceptance,
+    frame_acceptance,
+    per_position_frame,
+    upgrade_position_columns,
+)
 from specbook.engines import EngineConfig
-from specbook.errors import ExperimentError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.guards import GuardThresholds, GuardVerdict, SideOutputs, guard_cell
 from specbook.params import ExperimentParams
@@ -135,7 +140,6 @@ class CrossEngineParams(ExperimentParams):
         return self.ours if which == "ours" else self.oracle
 
 
-register_experiment(ExperimentSpec("cross_engine", CrossEngineParams, "cross_engine.ipynb"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,33 +208,6 @@ class CrossData:
     weights: dict[str, Any] = field(default_factory=dict)
 
 
-def _post_raw(base_url: str, model: str, request: Any, timeout_s: float = 600) -> dict[str, Any]:
-    """One non-streamed request keeping the server's whole JSON (llama.cpp adds `timings`)."""
-    import httpx
-
-    body = request.payload(model, stream=False)
-    resp = httpx.post(base_url.rstrip("/") + request.endpoint, json=body, timeout=timeout_s, trust_env=False)
-    if resp.status_code != 200:
-        raise ExperimentError(f"cold request {request.prompt_id} to {base_url}: HTTP {resp.status_code}: {resp.text[:300]}")
-    return resp.json()
-
-
-def _log_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _log_slice(path: Path, start: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
     """For every llama.cpp side: the derived GGUFs' proof of identical weights (target and draft)."""
     from specbook.models.weights import derive_gguf, weights_proof
@@ -253,10 +230,7 @@ def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
 
 def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     """Check pins (abort before measuring), derive weights, then serve each lane on each side in turn."""
-    from specbook.client import records_frame, run_requests_sync
-    from specbook.engines import get_engine
-    from specbook.metrics import scrape
-    from specbook.server import ManagedServer, free_port
+    from specbook import harness
 
     pins = check_all_pins(params)
     ctx.save_json(PINS_JSON, pins)
@@ -265,85 +239,68 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     tokenizer = load_tokenizer(params)
     prompts = params.selected_prompts()
 
-    request_frames: list[pd.DataFrame] = []
-    cell_rows: list[dict[str, Any]] = []
-    server_rows: list[dict[str, Any]] = []
     cold: list[dict[str, Any]] = []
     for lane in params.lanes:
         for which in ("oracle", "ours"):
             side = params.side(which)
             cfg = lane_config(side, lane)
-            engine = get_engine(cfg.engine)
             label = f"{side.label}-{lane.name}"
-            spec = engine.build_spec(cfg, name=label, log_path=ctx.log_path(label), port=free_port())
-            model_name = spec.model_name or cfg.client_model_name()
-            with ManagedServer(spec) as srv:
-                versions = engine.probe_versions(srv.base_url)
+            request_frames, cell_rows = [], []
+            extra = {"experiment": "cross_engine", "side": which, "lane": lane.name}
+            with harness.serve(cfg, ctx, label, extra=extra) as server:
                 for prompt in prompts:
-                    cold_resp = _post_raw(srv.base_url, model_name, build_request(params, prompt))
+                    cold_resp = server.post_raw(build_request(params, prompt))
                     cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.id, "response": cold_resp})
-                    log_start = _log_size(spec.log_path)
-                    before = scrape(srv.base_url)
                     warm = [build_request(params, prompt, repeat=i) for i in range(params.warm_repeats)]
-                    records = run_requests_sync(srv.base_url, model_name, warm, concurrency=1, progress=False)
-                    after = scrape(srv.base_url)
-                    delta = engine.spec_decode_delta(before, after, model_name)
-                    frame = records_frame(records)
+                    window = server.measure(warm, concurrency=1)
+                    frame = window.requests_frame()
                     frame.insert(0, "side", which)
                     frame.insert(1, "engine", cfg.engine)
                     frame.insert(2, "lane", lane.name)
                     frame.insert(3, "prompt", prompt.id)
-                    frame.insert(4, "repeat", range(len(records)))
-                    frame["token_ids"] = [token_ids(tokenizer, r.output_text) for r in records]
+                    frame.insert(4, "repeat", range(len(window.records)))
+                    frame["token_ids"] = [token_ids(tokenizer, r.output_text) for r in window.records]
                     request_frames.append(frame)
-                    cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.id, delta, cold_resp,
-                                               _log_slice(spec.log_path, log_start)))
-                started_at, ready_s, launched_env, argv = srv.started_at, srv.ready_s, srv.launched_env, srv.argv
-            ctx.record_server(label, argv, launched_env, versions, started_at,
-                              stopped_at=datetime.now(timezone.utc), ready_s=ready_s,
-                              extra={"experiment": "cross_engine", "side": which, "lane": lane.name})
-            server_rows.append({"server": label, "side": which, "label": side.label, "engine": cfg.engine,
-                                "lane": lane.name, "ready_s": ready_s, "versions": str(versions)})
+                    cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.id, window, cold_resp))
             # Saved after every server: a later failure keeps what the earlier ones measured.
-            ctx.save_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True))
-            ctx.save_frame(CELLS_FRAME, pd.DataFrame(cell_rows))
-            ctx.save_frame(SERVERS_FRAME, pd.DataFrame(server_rows))
+            ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True))
+            ctx.append_frame(CELLS_FRAME, pd.DataFrame(cell_rows))
+            ctx.append_frame(SERVERS_FRAME, pd.DataFrame([{
+                "server": label, "side": which, "label": side.label, "engine": cfg.engine, "lane": lane.name,
+                "ready_s": server.ready_s, "versions": str(server.versions)}]))
             ctx.save_json(COLD_JSON, cold)
     return load(ctx)
 
 
-def _cell_row(side: str, engine: str, lane: str, prompt: str, delta: Any, cold_resp: dict, log_text: str) -> dict:
-    counts = counts_from_spec_decode_delta(delta, engine)
-    row: dict[str, Any] = {
-        "side": side, "engine": engine, "lane": lane, "prompt": prompt,
-        "drafts": counts.drafts, "draft_tokens": counts.draft_tokens, "accepted": counts.accepted,
-    }
-    for i, n in enumerate(counts.accepted_per_position):
-        row[f"accepted_pos_{i}"] = n
+def _cell_row(side: str, engine: str, lane: str, prompt: str, window: Any, cold_resp: dict) -> dict:
+    """The cell's counter counts (acceptance model), the cold response's timings and the engine log's own figures."""
+    row: dict[str, Any] = {"side": side, "engine": engine, "lane": lane, "prompt": prompt,
+                           **window.acceptance.counts()}
     timings = cold_resp.get("timings") or {}
     row["cold_timings_draft_n"] = timings.get("draft_n")
     row["cold_timings_draft_n_accepted"] = timings.get("draft_n_accepted")
-    if engine == "llamacpp":
-        from specbook.engines.llamacpp import parse_draft_lines
-
-        lines = parse_draft_lines(log_text)
+    if engine == "llamacpp":  # its log prints per-request draft statistics, kept as raw figures
+        lines = window.log_intervals()
         row["log_requests"] = len(lines)
-        row["log_mean_len"] = float(np.mean([x["mean_len"] for x in lines if "mean_len" in x])) if lines else None
-        row["log_accepted"] = float(sum(x["accepted"] for x in lines)) if lines else None
-        row["log_generated"] = float(sum(x["generated"] for x in lines)) if lines else None
+        row["log_mean_len"] = float(lines["printed_al"].mean()) if len(lines) and lines["printed_al"].notna().any() else None
+        row["log_accepted_tokens"] = float(lines["accepted_tokens"].sum()) if len(lines) else None
+        row["log_draft_tokens"] = float(lines["draft_tokens"].sum()) if len(lines) else None
     return row
 
 
+# Cell columns as commit 5ece790 and earlier saved them.
+_OLD_CELL_COLUMNS = {"accepted": ACCEPTED, "log_accepted": "log_accepted_tokens", "log_generated": "log_draft_tokens"}
+
+
 def load(ctx: Any) -> CrossData:
-    """Read back what collect saved (reuse_data / `specbook render`)."""
-    data_dir = Path(ctx.data_dir)
-
+    """Read back what collect saved (reuse_data / `specbook render`); frames of older runs are upgraded."""
     def maybe_json(name: str, default: Any) -> Any:
-        return ctx.load_json(name) if (data_dir / f"{name}.json").exists() else default
+        return ctx.load_json(name) if (Path(ctx.data_dir) / f"{name}.json").exists() else default
 
+    cells = upgrade_position_columns(ctx.load_frame(CELLS_FRAME)).rename(columns=_OLD_CELL_COLUMNS)
     return CrossData(
         requests=ctx.load_frame(REQUESTS_FRAME),
-        cells=ctx.load_frame(CELLS_FRAME),
+        cells=cells,
         servers=ctx.load_frame(SERVERS_FRAME),
         pins=maybe_json(PINS_JSON, {}),
         cold=maybe_json(COLD_JSON, []),
@@ -492,37 +449,39 @@ def flagged_reasons(cells: pd.DataFrame) -> str:
 
 
 def acceptance_table(data: CrossData) -> pd.DataFrame:
-    """Per side x lane x prompt: AL and acceptance rate under the one definition, raw figures beside."""
+    """Per side x lane x prompt: AL and acceptance rate from the acceptance model, the raw counts beside."""
     rows = []
     for _, c in data.cells.iterrows():
-        if not c["drafts"] and not c["draft_tokens"]:
+        acc = Acceptance.from_row(c, source="counter delta")
+        if not acc.has_drafts:
             continue  # no speculation in this cell
-        row = {"lane": c["lane"], "prompt": c["prompt"], "side": c["side"], "engine": c["engine"]}
-        drafts, accepted, tokens = float(c["drafts"]), float(c["accepted"]), float(c["draft_tokens"])
-        row["al"] = 1 + accepted / drafts if drafts else math.nan
-        row["acceptance_rate"] = accepted / tokens if tokens else math.nan
-        row.update(raw_drafts=drafts, raw_draft_tokens=tokens, raw_accepted=accepted)
+        row = {"lane": c["lane"], "prompt": c["prompt"], "side": c["side"], "engine": c["engine"],
+               **acc.figures()}
+        row = {k: v for k, v in row.items() if not k.startswith("accepted_pos_")}
         if c.get("engine") == "llamacpp":
-            cold = counts_from_llamacpp_timings([{"draft_n": c.get("cold_timings_draft_n"),
-                                                  "draft_n_accepted": c.get("cold_timings_draft_n_accepted")}])
-            row["raw_cold_timings_accepted/draft_n"] = cold.acceptance_rate
-            row["raw_log_mean_len"] = c.get("log_mean_len")
+            cold = Acceptance.from_llamacpp_timings([{"draft_n": c.get("cold_timings_draft_n"),
+                                                      "draft_n_accepted": c.get("cold_timings_draft_n_accepted")}])
+            row["cold_timings_acceptance_rate"] = cold.acceptance_rate
+            row["log_mean_len"] = c.get("log_mean_len")
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def per_position(data: CrossData) -> pd.DataFrame:
-    """Side x lane x position: accepted at that position / drafts, summed over the prompts."""
-    cols = sorted((c for c in data.cells.columns if c.startswith("accepted_pos_")), key=lambda c: int(c.rsplit("_", 1)[1]))
-    rows = []
+    """Side x lane x position (1-based): accepted at that position / drafts, summed over the prompts."""
+    items = []
     for (side, lane), g in data.cells.groupby(["side", "lane"], sort=False):
-        drafts = float(g["drafts"].sum())
-        if not drafts:
-            continue
-        for col in cols:
-            n = float(g[col].fillna(0).sum())
-            rows.append({"side": side, "lane": lane, "position": int(col.rsplit("_", 1)[1]), "rate": n / drafts})
-    return pd.DataFrame(rows)
+        acc = frame_acceptance(g)
+        if acc.drafts:
+            items.append(({"side": side, "lane": lane}, acc))
+    return per_position_frame(items)
+
+
+def per_position_table(positions: pd.DataFrame) -> pd.DataFrame:
+    """position x (lane, side): the rate (the report's table and bar plot)."""
+    if positions.empty:
+        return pd.DataFrame()
+    return positions.pivot_table(index="position", columns=["lane", "side"], values="rate")
 
 
 def definition_note() -> str:
@@ -560,18 +519,41 @@ def weights_table(data: CrossData) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "identical", "tensors", "weights_digest", "gguf_sha256", "method"])
 
 
-def plot_ratios(cells: pd.DataFrame, ax: Any) -> Any:
-    """One bar per cell with its CI; flagged cells grey and hatched (drawing only, no computation)."""
-    labels = [f"{r.lane}\n{r.prompt}" for r in cells.itertuples()]
-    x = np.arange(len(cells))
-    colors = ["tab:blue" if ok else "lightgrey" for ok in cells["comparable"]]
-    err = np.vstack([cells["ratio"] - cells["ratio_lo"], cells["ratio_hi"] - cells["ratio"]]).clip(min=0)
-    bars = ax.bar(x, cells["ratio"], color=colors, yerr=err, capsize=3)
-    for bar, ok in zip(bars, cells["comparable"], strict=True):
-        if not ok:
-            bar.set_hatch("//")
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel("ours / oracle tok/s")
-    ax.set_title("Per-cell ratio (grey, hatched: not comparable)")
-    return ax
+@dataclass
+class CrossResult:
+    """Everything the cross-engine report shows."""
+
+    pins: pd.DataFrame
+    weights: pd.DataFrame
+    cells: pd.DataFrame
+    flagged_reasons: str
+    headline: pd.DataFrame
+    acceptance: pd.DataFrame
+    per_position: pd.DataFrame
+    per_position_table: pd.DataFrame
+    definition: str
+    proposals_note: str
+
+    @property
+    def report_cells(self) -> pd.DataFrame:
+        return self.cells[REPORT_COLUMNS]
+
+    @property
+    def guard_cells(self) -> pd.DataFrame:
+        return self.cells[[c for c in GUARD_COLUMNS if c in self.cells]]
+
+
+def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
+    cells = cell_table(data, params.guards, ci=params.ci_level, n_boot=params.n_boot)
+    positions = per_position(data)
+    return CrossResult(
+        pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
+        headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
+        acceptance=acceptance_table(data) if not data.cells.empty else pd.DataFrame(),
+        per_position=positions, per_position_table=per_position_table(positions), definition=definition_note(),
+        proposals_note=PROPOSALS_NOTE,
+    )
+
+
+register_experiment(ExperimentSpec("cross_engine", CrossEngineParams, "cross_engine.ipynb",
+                                   collect=collect, load=load, analyze=analyze))

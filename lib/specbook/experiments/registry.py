@@ -1,9 +1,20 @@
-"""Experiment registry: each experiment module registers its params schema and notebook at import."""
+"""The experiment protocol and its registry: each experiment module registers itself at import.
+
+An experiment is four things and a notebook:
+  params_model   the pydantic schema of its params YAML
+  collect        collect(params, run) -> data: drives servers through specbook.harness, saves raw frames
+                 in the run folder after every unit of work, returns what load() would return
+  load           load(run) -> data: the saved raw data of a run folder (no server; `specbook render`)
+  analyze        analyze(data, params) -> a typed result: every number, table and verdict the report shows
+  notebook       a thin report: specbook.notebook.open_book() then display calls on the result
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -24,6 +35,16 @@ class ExperimentSpec:
     name: str
     params_model: type[BaseModel]
     notebook: str
+    collect: Callable[[Any, Any], Any] | None = None
+    load: Callable[[Any], Any] | None = None
+    analyze: Callable[[Any, Any], Any] | None = None
+
+    def require(self, step: str) -> Callable[..., Any]:
+        """The protocol function `step` (collect/load/analyze), or an error naming what is missing."""
+        fn = getattr(self, step)
+        if fn is None:
+            raise ExperimentError(f"experiment {self.name!r} does not provide {step}()")
+        return fn
 
     def notebook_path(self) -> Path:
         """Where the notebook lies (the first candidate that exists, else the notebooks/ one)."""

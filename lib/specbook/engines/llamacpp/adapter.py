@@ -21,6 +21,7 @@ llama-server reads them as flags, and a stray one would change the run unseen.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,3 +231,36 @@ class LlamaCppEngine:
                 versions["server_build_info"] = f"unavailable ({type(exc).__name__})"
         return versions
 
+
+    def spec_decode_delta(
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+    ) -> CounterDelta:
+        """llamacpp:spec_decode_* counters between two scrapes (they carry no model label: one model per server).
+
+        llama.cpp adds a request's counts when the request finishes, so scrape after the requests returned.
+        """
+        from specbook.engines.llamacpp.metrics import counter_delta
+
+        return counter_delta(before, after)
+
+    def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
+        """llama-server's log carries no fact specbook records at start yet."""
+        return {}
+
+    def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
+        """One row per finished request's draft statistics line, in the acceptance model's columns."""
+        from specbook.engines.llamacpp.logparse import draft_lines_frame
+
+        return draft_lines_frame(lines)
+
+    def detect_log(self, head_lines: Sequence[str]) -> int:
+        """How many of a log's first lines carry llama-server's signatures (specbook ingest picks the engine)."""
+        from specbook.engines.llamacpp.logparse import detect_log
+
+        return detect_log(head_lines)
+
+    def summarise_log(self, path: str | Path) -> dict[str, Any]:
+        """The log's draft statistics lines summed (no draft count: AL null), for `specbook ingest`."""
+        from specbook.engines.llamacpp.logparse import ingest_summary
+
+        return ingest_summary(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,3 +144,15 @@ class VllmEngine:
         from specbook.engines.vllm.logparse import intervals_frame, parse_log
 
         return intervals_frame(parse_log(lines))
+
+    def detect_log(self, head_lines: Sequence[str]) -> int:
+        """How many of a log's first lines carry vLLM's signatures (specbook ingest picks the engine)."""
+        from specbook.engines.vllm.logparse import detect_log
+
+        return detect_log(head_lines)
+
+    def summarise_log(self, path: str | Path) -> dict[str, Any]:
+        """The whole log through the acceptance model, read by logparse's block reader, for `specbook ingest`."""
+        from specbook.engines.vllm.logparse import ingest_summary
+
+        return ingest_summary(path)

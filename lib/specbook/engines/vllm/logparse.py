@@ -1,25 +1,80 @@
-"""Streaming parser of vLLM server logs: SpecDecoding metrics, engine stats, the `Env:` line, timestamps.
+"""vLLM server logs: SpecDecoding metrics, engine stats, the `Env:` line, timestamps.
 
 vLLM (0.26 CUDA, 0.32 CPU) writes, every VLLM_LOG_STATS_INTERVAL seconds while busy, one stats line
 per engine (or one `N Engines Aggregated:` line) followed by one `SpecDecoding metrics:` line, both
 as `Key: value` fields joined by ", " (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py).
-Lines are read one at a time, so logs of any size fit; a line that cannot be read is counted
-(unknown or broken), never fatal.
+A line that cannot be read is counted (unknown or broken), never fatal. Lines are split on "\\n" only,
+as `grep -n` numbers them (vLLM's progress bars hold bare "\\r").
+
+Two readers give one result:
+
+* per line (`iter_records`, `parse_log(lines)`): every line through `_Parser.record`;
+* by block (`parse_log(path)`, `summarise_log(path)`): the file is read in large binary blocks, newlines
+  are counted per block, and only the lines that can be records are looked at: lines starting with
+  `Env:`, and lines holding `SpecDecoding metrics: ` or `Avg prompt throughput:` (found by compiled bytes
+  regexes whose literal prefix is that marker). A line in the exact layout vLLM prints is read from the
+  regex's groups; any other candidate line goes through `_Parser.record`, so both readers agree line
+  for line (tests/unit/test_ingest_fastpath.py checks it on every fixture log and on damaged copies).
+
+The AL, acceptance rate and per-position figures of a log come from `ParsedLog.acceptance()` (the
+acceptance model, specbook.acceptance); this module only recovers the counts vLLM's log does not print
+(drafts per interval, accepted tokens per position) from what it does print.
+
+Timestamps: vLLM logs `MM-DD HH:MM:SS` with no year. Each gets the reference year (the file's
+modification year by default), stepping one year each time a month is lower than the previous one (a
+log running past New Year). The months followed are those of the timestamps the parser reads: the
+first timestamped line's, then those of the SpecDecoding and stats lines; the last timestamped line
+takes the year they reached. A stray line with another month in between changes no record's year.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from specbook.envline import ENV_PREFIX, parse_env_line
+from specbook.acceptance import Acceptance, position_column, position_columns
+from specbook.envline import ENV_PREFIX, format_env_line, parse_env_line
 from specbook.errors import IngestError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "LOG_SIGNATURES",
+    "SOURCE",
+    "SPEC_DECODING_PREFIX",
+    "STATS_MARKER",
+    "BrokenLine",
+    "EngineStatsInterval",
+    "EnvRecord",
+    "LineHeader",
+    "LogSummary",
+    "ParsedLog",
+    "SpecDecodingInterval",
+    "UnknownLine",
+    "detect_log",
+    "engine_stats_frame",
+    "format_env_line",
+    "ingest_summary",
+    "intervals_frame",
+    "iter_records",
+    "parse_env_line",
+    "parse_header",
+    "parse_log",
+    "position_counts",
+    "recover_drafts",
+    "summarise_log",
+    "upgrade_intervals_frame",
+]
+
+SOURCE = "vllm log"  # Acceptance.source of every figure this module computes
 SPEC_DECODING_PREFIX = "SpecDecoding metrics: "
+STATS_MARKER = "Avg prompt throughput:"  # every stats line's fields start with it
 
 # vLLM's text format: "[VLLM_LOGGING_PREFIX](<process> pid=<pid>) LEVEL MM-DD HH:MM:SS [file.py:123] message".
 _HEADER_RE = re.compile(
@@ -38,6 +93,14 @@ _STATS_RE = re.compile(
 _FIELD_SPLIT_RE = re.compile(r", (?=[A-Z][A-Za-z0-9 ()/_.-]*: )")
 _NUMBER_RE = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)(?:[eE][-+]?\d+)?)")
 
+# The printed per-position rate (%.3f) pins the integer count behind it while drafts < 1000.
+_EXACT_DRAFTS = 1000
+# Line kinds, in the order the block reader handles two markers found in one line.
+_SPEC, _STATS, _ENV, _CANDIDATE, _OTHER = 0, 1, 2, 3, 4
+
+
+# --- records ----------------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class LineHeader:
@@ -52,16 +115,80 @@ class LineHeader:
     message: str
 
 
+def recover_drafts(al: float, accepted: int, drafted: int, rates: Sequence[float]) -> int:
+    """Drafts in one interval, which vLLM's log does not print, from what it does print.
+
+    A draft holds at most k tokens, so drafts lie in [ceil(drafted / k), drafted]; they equal drafted / k
+    only when every draft is full (draft models). ngram drafts can be shorter, so the count is the
+    integer in that range that best reproduces what vLLM printed from it: the AL (1 + accepted / drafts,
+    %.2f) and every per-position rate (accepted_i / drafts, %.3f, whose numerators are integers). A value
+    vLLM printed as nan/inf (it divides by zero drafts) is left out of the fit; with neither AL nor rates
+    to fit, the count is ceil(drafted / k), the fewest drafts that hold the drafted tokens.
+    """
+    k = len(rates)
+    al_known = math.isfinite(al)
+    if not k:  # pre-per-position format: recover it from AL = 1 + accepted / drafts
+        if al_known and al > 1 and accepted:
+            return int(round(accepted / (al - 1)))
+        return 0
+    lo = -(-drafted // k)
+    if drafted == lo * k or accepted == 0 or (al_known and al <= 1):
+        return lo
+    rates_known = all(math.isfinite(r) for r in rates)
+    if al_known:
+        guess = accepted / (al - 1)
+    elif rates_known and sum(rates) > 0:
+        guess = accepted / sum(rates)
+    else:
+        return lo
+    hi = drafted
+
+    def misfit(n: int) -> tuple[float, float]:
+        al_err = abs(1 + accepted / n - al) if al_known else 0.0
+        rate_err = max(abs(r * n - round(r * n)) for r in rates) if rates_known else 0.0
+        # printed values are rounded: within half a unit of the last digit counts as a fit
+        return (max(0.0, al_err - 0.005), max(0.0, rate_err - 0.0005 * n))
+
+    window = range(max(lo, int(guess) - 3), min(hi, int(guess) + 4) + 1) or range(lo, lo + 1)
+    return min(window, key=lambda n: (misfit(n), abs(n - guess)))
+
+
+def position_counts(rates: Sequence[float], drafts: float) -> list[float]:
+    """Accepted tokens at positions 1..k from the printed rates: rate x drafts, rounded back to the integer
+    count vLLM divided when the printed rate (%.3f) pins it down (drafts < 1000); else the unrounded
+    product. NaN where the rate or the draft count is not a number."""
+    if drafts < _EXACT_DRAFTS:
+        try:
+            return [round(r * drafts) for r in rates]
+        except (ValueError, OverflowError):  # a rate printed as nan or inf
+            return [round(r * drafts) if math.isfinite(r) else math.nan for r in rates]
+    if not math.isfinite(drafts):
+        return [math.nan] * len(rates)
+    return [r * drafts if math.isfinite(r) else math.nan for r in rates]
+
+
+def _interval_counts(al: float, accepted: int, drafted: int, rates: Sequence[float]) -> tuple[int, list[float]]:
+    """(drafts, accepted per position) of one interval: what the log's counts add up from."""
+    k = len(rates)
+    if k and not drafted % k:  # full drafts: recover_drafts' first answer, the common case, short-cut
+        drafts = drafted // k
+    else:
+        drafts = recover_drafts(al, accepted, drafted, rates)
+    if not accepted:  # nothing accepted at any position, whatever rate was printed (0.000 or nan)
+        return drafts, [0] * k
+    return drafts, position_counts(rates, drafts)
+
+
 @dataclass(slots=True)
 class SpecDecodingInterval:
-    """One `SpecDecoding metrics:` line: the drafts of one logging interval."""
+    """One `SpecDecoding metrics:` line: the drafts of one logging interval, fields as vLLM prints them."""
 
     line_no: int
     timestamp: datetime | None
-    mean_acceptance_length: float
+    mean_acceptance_length: float  # the printed AL; nan where vLLM printed nan
     accepted_tokens: int
     drafted_tokens: int
-    per_position_acceptance: list[float]
+    per_position_acceptance: list[float]  # printed rates, positions 1..k
     accepted_throughput: float | None
     drafted_throughput: float | None
     avg_draft_acceptance_rate: float | None  # fraction 0..1 (vLLM logs a percentage)
@@ -71,44 +198,26 @@ class SpecDecodingInterval:
 
     @property
     def num_speculative_tokens(self) -> int:
+        """k: the number of per-position rates printed."""
         return len(self.per_position_acceptance)
 
     @property
-    def accepted_per_position(self) -> list[float]:
-        """Accepted tokens at each position: rate x drafts, rounded back to the integer count vLLM
-        divided when the printed rate (%.3f) pins it down (drafts < 1000); else the unrounded product."""
-        n = self.num_drafts
-        exact = n < 1000
-        return [round(rate * n) if exact else rate * n for rate in self.per_position_acceptance]
+    def num_drafts(self) -> int:
+        """Drafts in the interval, recovered from the printed AL and rates (see recover_drafts)."""
+        return recover_drafts(self.mean_acceptance_length, self.accepted_tokens, self.drafted_tokens,
+                              self.per_position_acceptance)
 
     @property
-    def num_drafts(self) -> int:
-        """Drafts in the interval (vLLM logs no draft count).
+    def accepted_per_position(self) -> list[float]:
+        """Accepted tokens at positions 1..k (index 0 is position 1), see position_counts."""
+        return _interval_counts(self.mean_acceptance_length, self.accepted_tokens, self.drafted_tokens,
+                                self.per_position_acceptance)[1]
 
-        A draft holds at most k tokens, so drafts lie in [ceil(drafted / k), drafted]; they equal drafted / k
-        only when every draft is full (draft models). ngram drafts can be shorter, so the count is the
-        integer in that range that best reproduces what vLLM printed from it: the AL (1 + accepted / drafts,
-        %.2f) and every per-position rate (accepted_i / drafts, %.3f, whose numerators are integers).
-        """
-        k = self.num_speculative_tokens
-        if not k:  # pre-per-position format: recover it from AL = 1 + accepted / drafts
-            if self.mean_acceptance_length > 1 and self.accepted_tokens:
-                return int(round(self.accepted_tokens / (self.mean_acceptance_length - 1)))
-            return 0
-        lo = -(-self.drafted_tokens // k)
-        if self.drafted_tokens == lo * k or self.accepted_tokens == 0 or self.mean_acceptance_length <= 1:
-            return lo
-        hi = self.drafted_tokens
-
-        def misfit(n: int) -> tuple[float, float]:
-            al_err = abs(1 + self.accepted_tokens / n - self.mean_acceptance_length)
-            rate_err = max(abs(r * n - round(r * n)) for r in self.per_position_acceptance)
-            # printed values are rounded: within half a unit of the last digit counts as a fit
-            return (max(0.0, al_err - 0.005), max(0.0, rate_err - 0.0005 * n))
-
-        guess = self.accepted_tokens / (self.mean_acceptance_length - 1)
-        window = range(max(lo, int(guess) - 3), min(hi, int(guess) + 4) + 1) or range(lo, lo + 1)
-        return min(window, key=lambda n: (misfit(n), abs(n - guess)))
+    def acceptance(self) -> Acceptance:
+        """This interval's counts through the acceptance model."""
+        drafts, per_position = _interval_counts(self.mean_acceptance_length, self.accepted_tokens,
+                                                self.drafted_tokens, self.per_position_acceptance)
+        return Acceptance.from_counts(SOURCE, drafts, self.drafted_tokens, self.accepted_tokens, per_position)
 
 
 @dataclass(slots=True)
@@ -159,6 +268,65 @@ class BrokenLine:
 LogRecord = SpecDecodingInterval | EngineStatsInterval | EnvRecord | UnknownLine | BrokenLine
 
 
+class _CountSums:
+    """Interval counts summed in file order; the one place a log's totals are added up."""
+
+    __slots__ = ("accepted", "drafted", "drafts", "ks", "positions")
+
+    def __init__(self) -> None:
+        self.drafts = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.positions: list[float] = []
+        self.ks: set[int] = set()
+
+    def add(self, al: float, accepted: int, drafted: int, rates: Sequence[float]) -> None:
+        drafts, counts = _interval_counts(al, accepted, drafted, rates)
+        self.drafts += drafts
+        self.drafted += drafted
+        self.accepted += accepted
+        self.ks.add(len(counts))
+        totals = self.positions
+        if len(totals) == len(counts):
+            self.positions = [t + c for t, c in zip(totals, counts)]  # noqa: B905 (lengths checked)
+            return
+        for i, count in enumerate(counts):
+            if i == len(totals):
+                totals.append(0)
+            totals[i] += count
+
+    def snapshot(self) -> tuple[int, int, int, list[float], set[int]]:
+        return self.drafts, self.drafted, self.accepted, list(self.positions), set(self.ks)
+
+    def restore(self, state: tuple[int, int, int, list[float], set[int]]) -> None:
+        self.drafts, self.drafted, self.accepted, self.positions, self.ks = state
+
+    def acceptance(self) -> Acceptance:
+        return Acceptance.from_counts(SOURCE, self.drafts, self.drafted, self.accepted, self.positions)
+
+    @property
+    def k(self) -> int | None:
+        return next(iter(self.ks)) if len(self.ks) == 1 else None
+
+
+@dataclass(slots=True)
+class LogSummary:
+    """What a whole log adds up to; what `specbook ingest` reports for a vLLM log."""
+
+    path: str | None
+    env: dict[str, str] | None
+    acceptance: Acceptance
+    k: int | None  # of the log's intervals; None when there are none or they disagree
+    intervals: int
+    engine_stats: int
+    total_lines: int
+    unknown_lines: int
+    broken_lines: int
+    first_timestamp: datetime | None
+    last_timestamp: datetime | None
+    broken: list[BrokenLine] = field(default_factory=list)  # the first few, for error messages
+
+
 @dataclass(slots=True)
 class ParsedLog:
     path: str | None
@@ -172,66 +340,31 @@ class ParsedLog:
     last_timestamp: datetime | None
     broken: list[BrokenLine] = field(default_factory=list)  # the first few, for error messages
 
-    @property
-    def accepted_tokens(self) -> int:
-        return sum(i.accepted_tokens for i in self.spec_decoding)
+    def _sums(self) -> _CountSums:
+        sums = _CountSums()
+        for i in self.spec_decoding:
+            sums.add(i.mean_acceptance_length, i.accepted_tokens, i.drafted_tokens, i.per_position_acceptance)
+        return sums
+
+    def acceptance(self) -> Acceptance:
+        """The whole log through the acceptance model (source "vllm log"): every interval's counts summed,
+        so AL = 1 + sum(accepted) / sum(drafts), never a mean of the interval ALs (intervals hold
+        different numbers of drafts)."""
+        return self._sums().acceptance()
 
     @property
-    def drafted_tokens(self) -> int:
-        return sum(i.drafted_tokens for i in self.spec_decoding)
-
-    @property
-    def num_drafts(self) -> int:
-        return sum(i.num_drafts for i in self.spec_decoding)
-
-    @property
-    def num_speculative_tokens(self) -> int | None:
+    def k(self) -> int | None:
         """k of the log's intervals; None when there are none or they disagree."""
-        ks = {i.num_speculative_tokens for i in self.spec_decoding}
-        return ks.pop() if len(ks) == 1 else None
+        return self._sums().k
 
-    def acceptance_length(self) -> float | None:
-        """Whole-log AL: 1 + sum(accepted) / sum(drafts).
-
-        Not the mean of the interval ALs: intervals hold different numbers of drafts, so that mean
-        over-weights quiet intervals.
-        """
-        drafts = self.num_drafts
-        if drafts <= 0:
-            return None
-        return 1.0 + self.accepted_tokens / drafts
-
-    def accepted_per_position(self) -> list[float]:
-        """Accepted tokens per draft position summed over intervals (see SpecDecodingInterval.accepted_per_position)."""
-        totals: list[float] = []
-        for interval in self.spec_decoding:
-            for pos, count in enumerate(interval.accepted_per_position):
-                if pos == len(totals):
-                    totals.append(0)
-                totals[pos] += count
-        return totals
-
-    def per_position_acceptance(self) -> list[float]:
-        """Per-position acceptance over the whole log: accepted at that position / drafts that reached it.
-
-        Weighted by each interval's drafts, like acceptance_length(); a position a short-k interval lacks
-        counts only where present.
-        """
-        accepted: list[float] = []
-        drafts: list[int] = []
-        for interval in self.spec_decoding:
-            n = interval.num_drafts
-            for pos, count in enumerate(interval.accepted_per_position):
-                if pos == len(accepted):
-                    accepted.append(0.0)
-                    drafts.append(0)
-                accepted[pos] += count
-                drafts[pos] += n
-        return [a / d if d else math.nan for a, d in zip(accepted, drafts, strict=True)]
-
-    def draft_acceptance_rate(self) -> float | None:
-        drafted = self.drafted_tokens
-        return self.accepted_tokens / drafted if drafted else None
+    def summary(self) -> LogSummary:
+        sums = self._sums()
+        return LogSummary(
+            path=self.path, env=self.env, acceptance=sums.acceptance(), k=sums.k,
+            intervals=len(self.spec_decoding), engine_stats=len(self.engine_stats),
+            total_lines=self.total_lines, unknown_lines=self.unknown_lines, broken_lines=self.broken_lines,
+            first_timestamp=self.first_timestamp, last_timestamp=self.last_timestamp, broken=list(self.broken),
+        )  # fmt: skip
 
 
 # --- line-level parsing -------------------------------------------------------------------------------
@@ -290,6 +423,12 @@ def _spec_decoding(
         mean_al = 1.0 + sum(rates)  # AL = 1 + accepted/drafts = 1 + sum of per-position rates
     else:
         raise _FieldError("no Mean acceptance length and no Per-position acceptance rate")
+    # "Mean acceptance length: nan" (vLLM divided by zero drafts) is read into a row that keeps its
+    # accepted and drafted tokens (recover_drafts then fits the rates alone). Only when tokens were
+    # accepted and the per-position rates are not numbers either is the line broken: its counts
+    # cannot be split by position.
+    if accepted and not all(math.isfinite(r) for r in rates):
+        raise _FieldError(f"Per-position acceptance rate: {rates_text!r} is not a number for {accepted} accepted tokens")
     accepted_tp = fields.pop("Accepted throughput", None)
     drafted_tp = fields.pop("Drafted throughput", None)
     # 0.8.5+ logs "Avg Draft acceptance rate: 9.1%"; earlier V1 logged "Draft acceptance rate: 100.0%".
@@ -348,23 +487,38 @@ def _engine_stats(match: re.Match[str], line_no: int, header: LineHeader | None)
 
 
 class _Timestamps:
-    """Turns 'MM-DD HH:MM:SS' into datetimes from a reference year, stepping the year when the month wraps."""
+    """Turns 'MM-DD HH:MM:SS' into datetimes from a reference year, stepping the year when the month wraps.
+
+    Calling it commits the month (the parser read that timestamp); `peek` gives the datetime the same
+    text would get now without committing. An impossible date (02-30) gives None and commits nothing.
+    """
 
     def __init__(self, year: int):
         self.year = year
-        self._last_month = 0
+        self.last_month = 0
+        self._cache: tuple[str, datetime | None] | None = None
 
-    def __call__(self, text: str) -> datetime | None:
+    def _resolve(self, text: str) -> tuple[datetime | None, int]:
         try:
             month, day = int(text[0:2]), int(text[3:5])
             hour, minute, second = int(text[6:8]), int(text[9:11]), int(text[12:14])
-            if month < self._last_month:  # Dec 31 -> Jan 1 inside one log
-                self.year += 1
-            stamp = datetime(self.year, month, day, hour, minute, second)
+            year = self.year + 1 if month < self.last_month else self.year  # Dec 31 -> Jan 1 inside one log
+            return datetime(year, month, day, hour, minute, second), year
         except ValueError:
-            return None
-        self._last_month = month
+            return None, self.year
+
+    def __call__(self, text: str) -> datetime | None:
+        cache = self._cache
+        if cache is not None and cache[0] == text:  # the same text again: the same month, nothing to step
+            return cache[1]
+        stamp, year = self._resolve(text)
+        if stamp is not None:
+            self.year, self.last_month = year, stamp.month
+        self._cache = (text, stamp)
         return stamp
+
+    def peek(self, text: str) -> datetime | None:
+        return self._resolve(text)[0]
 
 
 def parse_header(line: str, timestamps: _Timestamps | None = None) -> LineHeader | None:
@@ -387,23 +541,46 @@ def parse_header(line: str, timestamps: _Timestamps | None = None) -> LineHeader
     )
 
 
+def _header_stamp(line: str) -> str | None:
+    """The timestamp text of a line's vLLM header, None when it has none (reads no year, commits nothing)."""
+    if "[" not in line:
+        return None
+    if "\x1b" in line:
+        line = _ANSI_RE.sub("", line)
+    match = _HEADER_RE.search(line)
+    return match.group("stamp") if match else None
+
+
+def _reference_year(path: Path) -> int:
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).year
+
+
+def _open(source: str | Path) -> tuple[Path, BinaryIO, int]:
+    if isinstance(source, str) and "\n" in source:
+        raise IngestError(
+            "parse_log got log text as a str, which it reads as a path: pass text.splitlines() instead"
+        )
+    path = Path(source)
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    try:
+        year = _reference_year(path)
+    except OSError as exc:
+        handle.close()
+        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    return path, handle, year
+
+
 def _lines(source: str | Path | Iterable[str]) -> tuple[str | None, Iterator[str], int]:
     """(path or None, line iterator, reference year) for a path or an iterable of lines.
 
     Files are split on "\\n" only (read as bytes): vLLM's progress bars hold bare "\\r", and text-mode
     universal newlines would split there, so line numbers would not match `grep -n`.
     """
-    if isinstance(source, str) and "\n" in source:
-        raise IngestError(
-            "parse_log got log text as a str, which it reads as a path: pass text.splitlines() instead"
-        )
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        try:
-            handle = path.open("rb")
-            year = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).year
-        except OSError as exc:
-            raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+        path, handle, year = _open(source)
 
         def read() -> Iterator[str]:
             with handle:
@@ -415,33 +592,57 @@ def _lines(source: str | Path | Iterable[str]) -> tuple[str | None, Iterator[str
 
 
 class _Parser:
-    """State carried across lines: the reference year and the last stats line (to tag SpecDecoding lines)."""
+    """State carried across lines: the timestamps read so far and the engine of the last stats line."""
 
     def __init__(self, year: int):
         self.timestamps = _Timestamps(year)
-        self.last_stats: EngineStatsInterval | None = None
+        self.last_engine: str | None = None  # tags SpecDecoding lines with the stats line logged before them
         self.last_header: LineHeader | None = None
+        self.last_stamp: datetime | None = None
+        self.last_kind = _OTHER
+        self.first_read = False  # whether a timestamp was read yet (the first one steps the year too)
+        self._env_cache: dict[str, dict[str, str] | str] = {}
+
+    def env_record(self, line_no: int, line: str) -> EnvRecord | BrokenLine:
+        parsed = self._env_cache.get(line)  # parse_env_line (shlex) is slow; a log may repeat the line
+        if parsed is None:
+            try:
+                parsed = parse_env_line(line) or {}
+            except ValueError as exc:
+                parsed = str(exc)
+            self._env_cache[line] = parsed
+        if isinstance(parsed, str):
+            return BrokenLine(line_no, "env", line, parsed)
+        return EnvRecord(line_no, dict(parsed))
 
     def record(self, line_no: int, raw: str) -> LogRecord:
+        """The record of one line; `last_stamp` is then the timestamp it read (committed), if any."""
         line = raw.rstrip("\r\n")
-        self.last_header = None
+        self.last_header = self.last_stamp = None
+        self.last_kind = _ENV
         if line.startswith(ENV_PREFIX):
-            try:
-                env = parse_env_line(line)
-            except ValueError as exc:
-                return BrokenLine(line_no, "env", line, str(exc))
-            return EnvRecord(line_no, env or {})
+            return self.env_record(line_no, line)
+        if SPEC_DECODING_PREFIX not in line and STATS_MARKER not in line:
+            self.last_kind = _OTHER
+            if not self.first_read and (stamp := _header_stamp(line)) is not None:
+                self.last_stamp = self.timestamps(stamp)
+                self.first_read = self.last_stamp is not None
+            return UnknownLine(line_no, line)
+        self.last_kind = _CANDIDATE
         header = parse_header(line, self.timestamps) if ("[" in line) else None
+        if header is not None and header.timestamp is not None:
+            self.first_read = True
+            self.last_stamp = header.timestamp
         self.last_header = header
         message = header.message if header else (_ANSI_RE.sub("", line) if "\x1b" in line else line)
         try:
             if message.startswith(SPEC_DECODING_PREFIX):
-                engine = self.last_stats.engine if self.last_stats else None
-                return _spec_decoding(message[len(SPEC_DECODING_PREFIX) :], line_no, header, engine)
+                return _spec_decoding(message[len(SPEC_DECODING_PREFIX) :], line_no, header, self.last_engine)
             stats = _STATS_RE.match(message) if "ngine" in message else None
             if stats:
-                self.last_stats = _engine_stats(stats, line_no, header)
-                return self.last_stats
+                record = _engine_stats(stats, line_no, header)
+                self.last_engine = record.engine
+                return record
         except _FieldError as exc:
             kind = "spec_decoding" if message.startswith(SPEC_DECODING_PREFIX) else "engine_stats"
             return BrokenLine(line_no, kind, line, str(exc))
@@ -449,53 +650,486 @@ class _Parser:
 
 
 def iter_records(source: str | Path | Iterable[str], *, year: int | None = None) -> Iterator[LogRecord]:
-    """One record per line, in order. `year` is the reference year for timestamps (vLLM logs none);
-    default: the file's modification year, or this year for an iterable of lines."""
+    """One record per line, in order (the per-line reader). `year` is the reference year for timestamps
+    (vLLM logs none); default: the file's modification year, or this year for an iterable of lines."""
     _, lines, default_year = _lines(source)
     parser = _Parser(year or default_year)
     for line_no, raw in enumerate(lines, start=1):
         yield parser.record(line_no, raw)
 
 
+class _Collector:
+    """Where both readers put what they read: records (ParsedLog) or only sums (LogSummary)."""
+
+    def __init__(self, path: str | None, keep_records: bool, keep_broken: int):
+        self.path = path
+        self.keep_records = keep_records
+        self.keep_broken = keep_broken
+        self.env: dict[str, str] | None = None
+        self.spec: list[SpecDecodingInterval] = []
+        self.stats: list[EngineStatsInterval] = []
+        self.sums = _CountSums()
+        self.intervals = self.stats_lines = self.env_lines = self.broken_lines = 0
+        self.broken: list[BrokenLine] = []
+        self.total_lines = 0
+        self.first: datetime | None = None
+        self.last: datetime | None = None
+
+    def add(self, record: LogRecord) -> None:
+        """A record from _Parser.record (UnknownLine is counted from the totals, not here)."""
+        if isinstance(record, SpecDecodingInterval):
+            self.intervals += 1
+            self.sums.add(record.mean_acceptance_length, record.accepted_tokens, record.drafted_tokens,
+                          record.per_position_acceptance)
+            if self.keep_records:
+                self.spec.append(record)
+        elif isinstance(record, EngineStatsInterval):
+            self.stats_lines += 1
+            if self.keep_records:
+                self.stats.append(record)
+        elif isinstance(record, EnvRecord):
+            self.env_lines += 1
+            if self.env is None:  # the launcher writes it first; a later one is a second server appending
+                self.env = record.env
+        elif isinstance(record, BrokenLine):
+            self.broken_lines += 1
+            if len(self.broken) < self.keep_broken:
+                self.broken.append(record)
+
+    @property
+    def unknown_lines(self) -> int:
+        return self.total_lines - self.intervals - self.stats_lines - self.env_lines - self.broken_lines
+
+    def parsed(self) -> ParsedLog:
+        return ParsedLog(self.path, self.env, self.spec, self.stats, self.total_lines, self.unknown_lines,
+                         self.broken_lines, self.first, self.last, self.broken)
+
+    def summary(self) -> LogSummary:
+        return LogSummary(
+            path=self.path, env=self.env, acceptance=self.sums.acceptance(), k=self.sums.k,
+            intervals=self.intervals, engine_stats=self.stats_lines, total_lines=self.total_lines,
+            unknown_lines=self.unknown_lines, broken_lines=self.broken_lines, first_timestamp=self.first,
+            last_timestamp=self.last, broken=list(self.broken),
+        )  # fmt: skip
+
+
+def _parse_lines(lines: Iterable[str], path: str | None, year: int, keep_broken: int) -> _Collector:
+    """The per-line reader over a whole log."""
+    parser = _Parser(year)
+    out = _Collector(path, keep_records=True, keep_broken=keep_broken)
+    line_no = 0
+    for line_no, raw in enumerate(lines, start=1):  # noqa: B007 (line_no is the total below)
+        record = parser.record(line_no, raw)
+        out.add(record)
+        stamp = parser.last_stamp
+        if stamp is None and parser.last_kind == _OTHER and parser.first_read:
+            text = _header_stamp(raw.rstrip("\r\n"))  # read for the last timestamp only: no year step
+            stamp = parser.timestamps.peek(text) if text is not None else None
+        if stamp is not None:
+            if out.first is None:
+                out.first = stamp
+            out.last = stamp
+    out.total_lines = line_no
+    return out
+
+
 def parse_log(
     source: str | Path | Iterable[str], *, year: int | None = None, keep_broken: int = 20
 ) -> ParsedLog:
-    """Parse a whole log in one streaming pass (a str is a path; pass a list for in-memory lines)."""
-    path, lines, default_year = _lines(source)
-    parser = _Parser(year or default_year)
-    parsed = ParsedLog(path, None, [], [], 0, 0, 0, None, None)
-    for line_no, raw in enumerate(lines, start=1):
-        record = parser.record(line_no, raw)
-        parsed.total_lines = line_no
-        stamp = parser.last_header.timestamp if parser.last_header else None
-        if stamp is not None:
-            if parsed.first_timestamp is None:
-                parsed.first_timestamp = stamp
-            parsed.last_timestamp = stamp
-        if isinstance(record, UnknownLine):
-            parsed.unknown_lines += 1
-        elif isinstance(record, SpecDecodingInterval):
-            parsed.spec_decoding.append(record)
-        elif isinstance(record, EngineStatsInterval):
-            parsed.engine_stats.append(record)
-        elif isinstance(record, EnvRecord):
-            if parsed.env is None:  # the launcher writes it first; a later one is a second server appending
-                parsed.env = record.env
+    """Parse a whole log: a path (a str is a path) by the block reader, an iterable of lines line by line.
+
+    `year` is the reference year for timestamps (vLLM logs none); default: the file's modification year,
+    or this year for lines.
+    """
+    if isinstance(source, (str, Path)):
+        return _scan_file(source, year=year, keep_records=True, keep_broken=keep_broken).parsed()
+    out = _parse_lines(source, None, year or datetime.now(timezone.utc).year, keep_broken)
+    return out.parsed()
+
+
+def summarise_log(source: str | Path | Iterable[str], *, year: int | None = None, keep_broken: int = 20) -> LogSummary:
+    """What a whole log adds up to, without keeping its records (the block reader for a path)."""
+    if isinstance(source, (str, Path)):
+        return _scan_file(source, year=year, keep_records=False, keep_broken=keep_broken).summary()
+    return _parse_lines(source, None, year or datetime.now(timezone.utc).year, keep_broken).summary()
+
+
+# --- the block reader -------------------------------------------------------------------------------
+
+BLOCK_SIZE = 1 << 20  # bytes read at a time; a longer line grows the buffer to hold it
+
+_SPEC_MARKER = SPEC_DECODING_PREFIX.encode()
+_STATS_MARKER = STATS_MARKER.encode()
+_ENV_BYTES = ENV_PREFIX.encode()
+_NEWLINE, _ENV_FIRST = 10, _ENV_BYTES[0]
+# A header needs one of these (after colour codes are stripped, hence ESC).
+_HEADER_WORDS = (b"INFO", b"WARNING", b"DEBUG", b"ERROR", b"CRITICAL", b"\x1b")
+# A number as _number reads it: float() of a match is what _number reads wherever float() accepts it (a
+# value such as "1.2.3", which float() refuses, sends the line to _Parser.record); as a field's whole value
+# it is valid for _number, _percent_fraction.
+_N = rb"\d[\d.]*"
+_I = rb"\d{1,15}"  # an integer below 2**53: int() of it is what _integer reads
+# Groups of the two line regexes below.
+_SPEC_GROUPS = {"stamp": 1, "marker": 2, "al": 3, "accepted": 6, "drafted": 7, "rates": 8}
+_STATS_GROUPS = {"stamp": 1, "index": 2, "count": 3, "marker": 4}
+
+
+def _line_regexes(month: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """Whole SpecDecoding and stats lines in the exact layout vLLM writes (the format strings of
+    vllm/v1/spec_decode/metrics.py and vllm/v1/metrics/loggers.py behind its formatter's header: one space
+    between parts, a process name without spaces, no colour codes) with a timestamp in this month. Where one
+    matches, _HEADER_RE.search splits the line the same way and every field reads as _Parser.record reads
+    it; every other line holding a marker goes through _Parser.record itself."""
+    head = (rb"(?:\([^ ()\n\x1b]* pid=\d+\) )?(?:INFO|WARNING|DEBUG|ERROR|CRITICAL) (" + b"%02d" % month
+            + rb"-\d\d \d\d:\d\d:\d\d) \[[^\]\n\x1b]+\] ")
+    spec = re.compile(
+        head + rb"()SpecDecoding metrics: Mean acceptance length: (" + _N + rb"), "
+        rb"Accepted throughput: (" + _N + rb") tokens/s, Drafted throughput: (" + _N + rb") tokens/s, "
+        rb"Accepted: (" + _I + rb") tokens, Drafted: (" + _I + rb") tokens, "
+        rb"Per-position acceptance rate: (" + _N + rb"(?:, " + _N + rb")*), "
+        rb"Avg Draft acceptance rate: (" + _N + rb"|nan)%\r*\n"
+    )
+    stats = re.compile(
+        head + rb"(?:Engine (\d+)|(\d+) Engines Aggregated): ()"
+        rb"Avg prompt throughput: (" + _N + rb") tokens/s, Avg generation throughput: (" + _N + rb") tokens/s, "
+        rb"Running: (" + _I + rb") reqs, Waiting: (" + _I + rb") reqs, "
+        rb"([A-Z]+) KV cache usage: (" + _N + rb")%, Prefix cache hit rate: (" + _N + rb")%\r*\n"
+    )
+    return spec, stats
+
+
+_REGEXES: dict[int, tuple[re.Pattern[bytes], re.Pattern[bytes]]] = {}
+
+
+def _regexes(month: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    if month not in _REGEXES:
+        _REGEXES[month] = _line_regexes(month)
+    return _REGEXES[month]
+
+
+def _read_blocks(handle: BinaryIO, block_size: int) -> Iterator[tuple[bytearray, int]]:
+    """(buffer, end): buffer[:end] holds whole lines, each ending in b"\\n" (one is added after a last line
+    that has none). The buffer is reused: use it before asking for the next block."""
+    buf = bytearray(block_size)
+    filled = 0
+    while True:
+        if filled == len(buf):  # one line longer than the buffer: grow it to hold the line
+            buf.extend(bytes(len(buf)))
+        with memoryview(buf) as view:
+            n = handle.readinto(view[filled:])
+        if not n:
+            if filled:
+                if buf[filled - 1] != _NEWLINE:
+                    if filled == len(buf):
+                        buf.append(_NEWLINE)
+                    else:
+                        buf[filled] = _NEWLINE
+                    filled += 1
+                yield buf, filled
+            return
+        filled += n
+        cut = buf.rfind(b"\n", 0, filled) + 1
+        if not cut:
+            continue
+        yield buf, cut
+        rest = filled - cut
+        if rest:
+            buf[:rest] = buf[cut:filled]
+        filled = rest
+
+
+def _marker_lines(buf: bytearray, end: int, marker: bytes, regex: re.Pattern[bytes], marker_group: int
+                  ) -> list[tuple[int, re.Match[bytes] | None]]:
+    """(line start, match or None) of each line of buf[:end] holding the marker: the match of the whole
+    line when it is in vLLM's exact layout with the marker where the layout puts it, else None."""
+    out: list[tuple[int, re.Match[bytes] | None]] = []
+    find, rfind, match = buf.find, buf.rfind, regex.match
+    p = find(marker, 0, end)
+    while p >= 0:
+        ls = rfind(b"\n", 0, p) + 1
+        m = match(buf, ls, end)
+        if m is not None and m.start(marker_group) == p:
+            out.append((ls, m))
+            p = find(marker, m.end(), end)
         else:
-            parsed.broken_lines += 1
-            if len(parsed.broken) < keep_broken:
-                parsed.broken.append(record)
-    return parsed
+            out.append((ls, None))
+            p = find(marker, find(b"\n", p, end) + 1, end)
+    return out
+
+
+class _BlockScan:
+    """The block reader: feeds a _Collector from a file's blocks, with the per-line reader's results."""
+
+    def __init__(self, out: _Collector, year: int):
+        self.out = out
+        self.parser = _Parser(year)
+        self.lines_before = 0  # lines in the blocks already read
+        self.offset = 0  # bytes in the blocks already read
+        self.line_starts = _LineStarts()
+
+    def block(self, buf: bytearray, end: int) -> None:
+        n_lines, env_starts = self.line_starts(buf, end)
+        parser = self.parser
+        if not parser.first_read:
+            self._first_timestamp(buf, end)
+        month = parser.timestamps.last_month
+        spec_re, stats_re = _regexes(month)
+        spec = _marker_lines(buf, end, _SPEC_MARKER, spec_re, _SPEC_GROUPS["marker"])
+        stats = _marker_lines(buf, end, _STATS_MARKER, stats_re, _STATS_GROUPS["marker"])
+        if not self.out.keep_records and self._regular(buf, spec, stats, env_starts) and self._sum_regular(spec, stats):
+            for ls in env_starts:  # checked by _regular: none is broken
+                self.out.add(self.parser.env_record(0, _line_text(buf, ls)))
+        elif spec or stats or env_starts:
+            events = [(ls, _SPEC, m) for ls, m in spec] + [(ls, _STATS, m) for ls, m in stats]
+            events += [(ls, _ENV, None) for ls in env_starts]
+            events.sort(key=_event_order)
+            self._ordered(buf, events, month)
+        self.lines_before += n_lines
+        self.offset += end
+
+    # -- a block whose every candidate line is in vLLM's layout and this month (summaries only) -------------
+    def _regular(self, buf: bytearray, spec: list[tuple[int, Any]], stats: list[tuple[int, Any]],
+                 env_starts: list[int]) -> bool:
+        if any(m is None for _, m in spec) or any(m is None for _, m in stats):
+            return False
+        env_record = self.parser.env_record
+        # Env lines only count (the first gives the env) unless one is broken (broken lines keep their order)
+        return not any(isinstance(env_record(0, _line_text(buf, ls)), BrokenLine) for ls in env_starts)
+
+    def _sum_regular(self, spec: list[tuple[int, Any]], stats: list[tuple[int, Any]]) -> bool:
+        """Sums in file order; no timestamp steps the year (all are in the month already read). False (and
+        nothing summed) where a number does not convert."""
+        sums = self.out.sums
+        state = sums.snapshot()
+        add = sums.add
+        g = _SPEC_GROUPS
+        try:
+            for _, m in spec:
+                al, accepted, drafted, rates = m.group(g["al"], g["accepted"], g["drafted"], g["rates"])
+                add(float(al), int(accepted), int(drafted), list(map(float, rates.split(b", "))))
+        except ValueError:
+            sums.restore(state)
+            return False
+        self.out.intervals += len(spec)
+        self.out.stats_lines += len(stats)
+        if stats:
+            self.parser.last_engine = _stats_engine(stats[-1][1])
+        return True
+
+    # -- any block: every candidate line in file order ---------------------------------------------------
+    def _ordered(self, buf: bytearray, events: list[tuple[int, int, Any]], month: int) -> None:
+        out, parser = self.out, self.parser
+        timestamps = parser.timestamps
+        keep = out.keep_records
+        count = buf.count
+        pos, line_no = 0, self.lines_before + 1  # line_no of the line starting at pos
+        n, j = len(events), 0
+        while j < n:
+            ls, kind, m = events[j]
+            j += 1
+            shared = j < n and events[j][0] == ls
+            while j < n and events[j][0] == ls:  # markers of two kinds in one line: _Parser.record decides
+                j += 1
+            line_no += count(b"\n", pos, ls)
+            pos = ls
+            if kind == _ENV or shared:
+                m = None
+            elif m is not None and timestamps.last_month != month:  # a line before stepped the month
+                m = _rematch(buf, ls, kind, timestamps.last_month)
+            if m is None:
+                self._slow(buf, ls, line_no)
+                continue
+            try:
+                if kind == _SPEC:
+                    _, _, al_b, atp, dtp, acc_b, drafted_b, rates_b, rate_b = m.groups()
+                    values: tuple[Any, ...] = (float(al_b), int(acc_b), int(drafted_b),
+                                               list(map(float, rates_b.split(b", "))))
+                    if keep:
+                        values += (float(atp), float(dtp), float(rate_b))
+                elif keep:
+                    _, _, _, _, prompt_tp, gen_tp, running, waiting, device, usage, hit = m.groups()
+                    values = (float(prompt_tp), float(gen_tp), int(running), int(waiting), device.decode(),
+                              float(usage) / 100.0, float(hit) / 100.0)
+            except ValueError:  # a number float() refuses ("1.2.3"): _Parser.record reads it as it reads it
+                self._slow(buf, ls, line_no)
+                continue
+            stamp_text = m.group(1).decode()
+            stamp = timestamps(stamp_text)
+            if stamp is not None:
+                parser.first_read = True
+            if kind == _SPEC:
+                out.intervals += 1
+                out.sums.add(*values[:4])
+                if keep:
+                    al, accepted, drafted, rates, atp_f, dtp_f, rate = values
+                    out.spec.append(SpecDecodingInterval(
+                        line_no, stamp, al, accepted, drafted, rates, atp_f, dtp_f,
+                        None if math.isnan(rate) else rate / 100.0, stamp_text, parser.last_engine, {},
+                    ))  # fmt: skip
+            else:
+                engine = _stats_engine(m)
+                parser.last_engine = engine
+                out.stats_lines += 1
+                if keep:
+                    prompt, gen, running_n, waiting_n, device_s, usage_f, hit_f = values
+                    out.stats.append(EngineStatsInterval(
+                        line_no, stamp, engine, prompt, gen, running_n, waiting_n, usage_f, hit_f, {}, stamp_text,
+                        device_s, None,
+                    ))  # fmt: skip
+
+    def _slow(self, buf: bytearray, start: int, line_no: int) -> None:
+        """One line through _Parser.record, as the per-line reader reads it."""
+        record = self.parser.record(line_no, _line_text(buf, start))
+        if not isinstance(record, UnknownLine):
+            self.out.add(record)
+
+    # -- first and last timestamp -------------------------------------------------------------------
+    def _first_timestamp(self, buf: bytearray, end: int) -> None:
+        """Read the first timestamped line's timestamp (it steps the year too), if this block holds it."""
+        for start, stop in _header_lines(buf, 0, end):
+            if buf.startswith(_ENV_BYTES, start):
+                continue
+            text = _header_stamp(buf[start:stop].decode("utf-8", errors="replace").rstrip("\r"))
+            if text is not None and (stamp := self.parser.timestamps(text)) is not None:
+                self.parser.first_read = True
+                self.out.first = stamp
+                return
+
+    def last_timestamp(self, handle: BinaryIO) -> datetime | None:
+        """The timestamp of the last timestamped line, read backwards from the end of what was scanned."""
+        chunk_size = 1 << 16
+        end = self.offset
+        carry = b""
+        while end > 0:
+            start = max(0, end - chunk_size)
+            handle.seek(start)
+            chunk = handle.read(end - start) + carry
+            cut = chunk.find(b"\n") + 1 if start else 0  # the first, partial line waits for the next chunk
+            if start and not cut:
+                carry, end = chunk, start
+                continue
+            lines = bytearray(chunk[cut:])
+            for ls, le in reversed(list(_header_lines(lines, 0, len(lines)))):
+                if lines.startswith(_ENV_BYTES, ls):
+                    continue
+                text = _header_stamp(lines[ls:le].decode("utf-8", errors="replace").rstrip("\r"))
+                if text is not None and (stamp := self.parser.timestamps.peek(text)) is not None:
+                    return stamp
+            carry, end = chunk[:cut], start
+        return None
+
+
+class _LineStarts:
+    """Counts a block's lines and finds the lines that begin with "Env:", with numpy, in scratch arrays
+    reused from block to block (fresh ones would cost the scan more than the comparisons do)."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.np = np
+        self.newline = np.empty(0, dtype=bool)
+        self.env_first = np.empty(0, dtype=bool)
+
+    def __call__(self, buf: bytearray, end: int) -> tuple[int, list[int]]:
+        """Lines in buf[:end] (whole lines), and the start of each line that begins with "Env:"."""
+        np = self.np
+        if len(self.newline) < end:
+            self.newline = np.empty(end, dtype=bool)
+            self.env_first = np.empty(end, dtype=bool)
+        arr = np.frombuffer(buf, dtype=np.uint8, count=end)
+        newline = np.equal(arr, _NEWLINE, out=self.newline[:end])
+        n_lines = int(np.count_nonzero(newline))
+        env_starts = [0] if buf.startswith(_ENV_BYTES, 0, end) else []
+        # after_newline[i]: the byte after a newline at i is an "E" (a line starting with "E" begins at i + 1)
+        after_newline = np.equal(arr[1:], _ENV_FIRST, out=self.env_first[: end - 1])
+        np.logical_and(after_newline, newline[:-1], out=after_newline)
+        pos, last = 0, end - 1
+        while pos < last:  # argmax: the first True from pos (few: lines starting with "E" are rare)
+            i = pos + int(after_newline[pos:last].argmax())
+            if not after_newline[i]:
+                break
+            if buf.startswith(_ENV_BYTES, i + 1, end):
+                env_starts.append(i + 1)
+            pos = i + 1
+        return n_lines, env_starts
+
+
+def _rematch(buf: bytearray, start: int, kind: int, month: int) -> re.Match[bytes] | None:
+    """The line at start against the regex of this month (a line before it stepped the month)."""
+    m = _regexes(month)[kind].match(buf, start)
+    marker, group = (_SPEC_MARKER, _SPEC_GROUPS["marker"]) if kind == _SPEC else (_STATS_MARKER, _STATS_GROUPS["marker"])
+    return m if m is not None and buf.find(marker, start) == m.start(group) else None
+
+
+def _line_text(buf: bytearray, start: int) -> str:
+    return buf[start : buf.find(b"\n", start)].decode("utf-8", errors="replace")
+
+
+def _stats_engine(m: re.Match[bytes]) -> str:
+    index, count = m.group(_STATS_GROUPS["index"], _STATS_GROUPS["count"])
+    return index.decode() if index is not None else f"aggregated:{count.decode()}"
+
+
+def _event_order(event: tuple[int, int, Any]) -> tuple[int, int]:
+    return event[0], event[1]
+
+
+def _header_lines(buf: bytearray, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line in buf[start:end] (whole lines) that holds a header word, in order."""
+    nxt = {w: buf.find(w, start, end) for w in _HEADER_WORDS}
+    while True:
+        live = [p for p in nxt.values() if p >= 0]
+        if not live:
+            return
+        p = min(live)
+        ls = max(buf.rfind(b"\n", start, p) + 1, start)
+        le = buf.find(b"\n", p, end)
+        le = end if le < 0 else le
+        yield ls, le
+        for w, q in nxt.items():
+            if 0 <= q <= le:
+                nxt[w] = buf.find(w, le, end)
+
+
+def _scan_file(source: str | Path, *, year: int | None, keep_records: bool, keep_broken: int,
+               block_size: int | None = None) -> _Collector:
+    path, handle, default_year = _open(source)
+    out = _Collector(str(path), keep_records=keep_records, keep_broken=keep_broken)
+    scan = _BlockScan(out, year or default_year)
+    try:
+        with handle:
+            for buf, end in _read_blocks(handle, block_size or BLOCK_SIZE):
+                scan.block(buf, end)
+            out.total_lines = scan.lines_before
+            out.last = scan.last_timestamp(handle) if out.first is not None else None
+    except OSError as exc:
+        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    return out
 
 
 # --- frames -------------------------------------------------------------------------------------------
 
 # Stats and SpecDecoding lines of one interval are logged by the same call, so at most a second apart.
 _SAME_INTERVAL_S = 1.0
+_HEAD_COLUMNS = ["line_no", "timestamp", "timestamp_text", "engine", "al", "accepted_tokens", "draft_tokens",
+                 "drafts", "k", "accepted_throughput", "drafted_throughput", "acceptance_rate"]
+_STATS_COLUMNS = ["stats_line_no", "running", "waiting", "prompt_throughput", "generation_throughput",
+                  "kv_cache_usage"]
+# Frames saved by the code before the acceptance model: old name -> new name.
+_OLD_COLUMNS = {"mean_acceptance_length": "al", "drafted_tokens": "draft_tokens", "num_speculative_tokens": "k",
+                "avg_draft_acceptance_rate": "acceptance_rate"}
+_OLD_RATE_RE = re.compile(r"^acceptance_pos_(\d+)$")
 
 
-def intervals_frame(parsed: ParsedLog):
+def intervals_frame(parsed: ParsedLog) -> pd.DataFrame:
     """One row per SpecDecoding interval, joined with the stats line logged with it.
+
+    Columns: line_no, timestamp, timestamp_text, engine, al (the printed "Mean acceptance length"),
+    accepted_tokens, draft_tokens, drafts (recovered, see recover_drafts), k, accepted_throughput,
+    drafted_throughput, acceptance_rate (the printed "Avg Draft acceptance rate", a fraction),
+    accepted_pos_1 .. accepted_pos_K (accepted tokens at each position, counts, see position_counts; NaN
+    past an interval's own k), then the joined stats line: stats_line_no, running, waiting,
+    prompt_throughput, generation_throughput, kv_cache_usage.
 
     The stats line joined is the nearest preceding one, kept only when its timestamp is the same
     (or within a second): `running`/`waiting` then describe the batch during that interval, which the
@@ -505,6 +1139,7 @@ def intervals_frame(parsed: ParsedLog):
 
     stats_by_line = sorted(parsed.engine_stats, key=lambda s: s.line_no)
     max_k = max((i.num_speculative_tokens for i in parsed.spec_decoding), default=0)
+    pos_columns = [position_column(p) for p in range(1, max_k + 1)]
     rows = []
     cursor = -1
     for interval in parsed.spec_decoding:
@@ -514,47 +1149,71 @@ def intervals_frame(parsed: ParsedLog):
         if stats is not None and interval.timestamp is not None and stats.timestamp is not None:
             if abs((interval.timestamp - stats.timestamp).total_seconds()) > _SAME_INTERVAL_S:
                 stats = None
-        row = {
-            "line_no": interval.line_no,
-            "timestamp": interval.timestamp,
-            "timestamp_text": interval.timestamp_text,
-            "engine": interval.engine,
-            "mean_acceptance_length": interval.mean_acceptance_length,
-            "accepted_tokens": interval.accepted_tokens,
-            "drafted_tokens": interval.drafted_tokens,
-            "drafts": interval.num_drafts,
-            "num_speculative_tokens": interval.num_speculative_tokens,
-            "accepted_throughput": interval.accepted_throughput,
-            "drafted_throughput": interval.drafted_throughput,
-            "avg_draft_acceptance_rate": interval.avg_draft_acceptance_rate,
-        }
-        for pos in range(max_k):
-            rates = interval.per_position_acceptance
-            row[f"acceptance_pos_{pos}"] = rates[pos] if pos < len(rates) else math.nan
-        row.update(
-            {
-                "stats_line_no": stats.line_no if stats else None,
-                "running": stats.running if stats else None,
-                "waiting": stats.waiting if stats else None,
-                "prompt_throughput": stats.prompt_throughput if stats else None,
-                "generation_throughput": stats.generation_throughput if stats else None,
-                "kv_cache_usage": stats.kv_cache_usage if stats else None,
-            }
-        )
+        drafts, counts = _interval_counts(interval.mean_acceptance_length, interval.accepted_tokens,
+                                          interval.drafted_tokens, interval.per_position_acceptance)
+        row = [
+            interval.line_no, interval.timestamp, interval.timestamp_text, interval.engine,
+            interval.mean_acceptance_length, interval.accepted_tokens, interval.drafted_tokens, drafts,
+            interval.num_speculative_tokens, interval.accepted_throughput, interval.drafted_throughput,
+            interval.avg_draft_acceptance_rate,
+            *[float(c) for c in counts], *[math.nan] * (max_k - len(counts)),
+        ]  # fmt: skip
+        if stats is None:
+            row += [None] * len(_STATS_COLUMNS)
+        else:
+            row += [stats.line_no, stats.running, stats.waiting, stats.prompt_throughput,
+                    stats.generation_throughput, stats.kv_cache_usage]
         rows.append(row)
-    columns = [
-        "line_no", "timestamp", "timestamp_text", "engine", "mean_acceptance_length", "accepted_tokens",
-        "drafted_tokens", "drafts", "num_speculative_tokens", "accepted_throughput", "drafted_throughput",
-        "avg_draft_acceptance_rate", *[f"acceptance_pos_{p}" for p in range(max_k)], "stats_line_no",
-        "running", "waiting", "prompt_throughput", "generation_throughput", "kv_cache_usage",
-    ]  # fmt: skip
-    frame = pd.DataFrame(rows, columns=columns)
+    frame = pd.DataFrame(rows, columns=[*_HEAD_COLUMNS, *pos_columns, *_STATS_COLUMNS])
+    return _intervals_dtypes(frame)
+
+
+def _intervals_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
     for name in ("stats_line_no", "running", "waiting"):
         frame[name] = frame[name].astype("Int64")
+    for name in ("al", "accepted_throughput", "drafted_throughput", "acceptance_rate",
+                 *position_columns(frame.columns), "prompt_throughput", "generation_throughput", "kv_cache_usage"):
+        frame[name] = frame[name].astype("float64")
+    for name in ("line_no", "accepted_tokens", "draft_tokens", "drafts", "k"):
+        frame[name] = frame[name].astype("int64")
     return frame
 
 
-def engine_stats_frame(parsed: ParsedLog):
+def upgrade_intervals_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame saved by intervals_frame before the acceptance model (columns mean_acceptance_length,
+    drafted_tokens, num_speculative_tokens, avg_draft_acceptance_rate and per-position RATES
+    acceptance_pos_0..) in the columns intervals_frame gives now; a frame in the new columns as it is.
+
+    Per-position counts come from the saved rates and drafts by position_counts, the rule the parser
+    itself applies (round(rate x drafts) below 1000 drafts); columns other than those renamed keep their
+    place and values.
+    """
+    old_rates = sorted((int(m.group(1)), c) for c in frame.columns if (m := _OLD_RATE_RE.match(str(c))))
+    if not old_rates and not any(c in frame.columns for c in _OLD_COLUMNS):
+        return frame
+    if old_rates and "drafts" not in frame.columns:
+        raise IngestError(f"an old intervals frame with per-position rates needs its drafts column; it has "
+                          f"{list(frame.columns)}")
+    import pandas as pd
+
+    rate_columns = [c for _, c in old_rates]
+    counts: list[list[float]] = []
+    if rate_columns:
+        rates = frame[rate_columns].to_numpy(dtype=float, na_value=math.nan)
+        drafts = frame["drafts"].to_numpy(dtype=float, na_value=math.nan)
+        counts = [position_counts(list(r), d) for r, d in zip(rates, drafts, strict=True)]
+    new_pos = {c: position_column(p + 1) for p, c in old_rates}
+    columns: dict[str, Any] = {}
+    for c in frame.columns:
+        if c in new_pos:
+            p = rate_columns.index(c)
+            columns[new_pos[c]] = pd.Series([float(row[p]) for row in counts], index=frame.index, dtype="float64")
+        else:
+            columns[_OLD_COLUMNS.get(c, c)] = frame[c]
+    return pd.DataFrame(columns, index=frame.index)
+
+
+def engine_stats_frame(parsed: ParsedLog) -> pd.DataFrame:
     """One row per stats line (extra fields as `extra_<key>` columns)."""
     import pandas as pd
 
@@ -577,3 +1236,30 @@ def engine_stats_frame(parsed: ParsedLog):
         row.update({f"extra_{k}": v for k, v in s.extra.items()})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# --- engine detection and ingest ------------------------------------------------------------------------
+
+# Signatures of vLLM's log lines (searched in each of a file's first lines; see specbook.ingest).
+LOG_SIGNATURES: list[re.Pattern[str]] = [
+    re.compile(r"\((?:APIServer|EngineCore[^ ]*) pid=\d+\)"),
+    re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w./-]+\.py:\d+\]"),
+    re.compile(r"vllm|vLLM"),
+    re.compile(r"SpecDecoding metrics: |Engine \d{3}: Avg prompt throughput"),
+]
+
+
+def detect_log(lines: Iterable[str]) -> int:
+    """How many of these lines carry a vLLM signature."""
+    return sum(1 for line in lines if any(p.search(line) for p in LOG_SIGNATURES))
+
+
+def ingest_summary(path: str | Path) -> dict[str, Any]:
+    """What `specbook ingest` reports for a vLLM log (specbook.ingest.IngestResult's fields, the acceptance
+    counts as an Acceptance), read by the block reader."""
+    s = summarise_log(path)
+    return {
+        "acceptance": s.acceptance, "records": s.intervals, "record_kind": "interval", "k": s.k, "env": s.env,
+        "stats_lines": s.engine_stats, "total_lines": s.total_lines, "unknown_lines": s.unknown_lines,
+        "broken_lines": s.broken_lines, "first_timestamp": s.first_timestamp, "last_timestamp": s.last_timestamp,
+    }  # fmt: skip

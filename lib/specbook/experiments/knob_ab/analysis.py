@@ -1,0 +1,296 @@
+"""Knob A/B analysis: everything the report shows, computed here from the saved frames (no server).
+
+Attribution (which arm each server really ran), steady-state windows by load, per-run AL, deltas with
+their intervals and the verdicts of the rule fixed in the params, interaction, per-position acceptance,
+accuracy, and the reconciliation of log intervals with the counters of the same window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from specbook import acceptance, decision, stats, steady
+from specbook.arms import BASELINE
+from specbook.errors import ExperimentError
+from specbook.experiments.knob_ab.attribution import (
+    arm_of_run,
+    attention_backends_from_logs,
+    attribute_runs,
+    backend_knob_reach,
+)
+from specbook.experiments.knob_ab.collection import COUNTER, KnobABData, run_acceptance
+from specbook.experiments.knob_ab.params import KnobABParams
+
+
+@dataclass
+class AttributionReport:
+    table: pd.DataFrame  # per run: declared arm, the arm its env/argv say, whether they match, why
+    flagged: pd.DataFrame  # the runs whose real settings differ from their declared arm
+
+
+@dataclass
+class SteadyReport:
+    result: steady.SteadyResult  # the load cut: kept and dropped intervals, counts per run
+    drop_reasons: pd.DataFrame  # per run: intervals dropped per phase (warm-up, dip, drain, never steady)
+    sensitivity: pd.DataFrame  # AL per run and per arm as the load threshold moves
+    sensitivity_table: pd.DataFrame  # fraction x arm: arm AL
+    crude: steady.SteadyResult  # the cut NOT to use (AL above a threshold), shown for contrast
+    crude_vs_load: pd.DataFrame
+    crude_threshold: float
+    crude_explanation: str
+    intervals: pd.DataFrame  # every interval with its run's arm (the AL-over-time plot)
+
+
+@dataclass
+class DecisionReport:
+    rule_text: str
+    value_col: str  # the per-run AL the statistics use
+    run_al: pd.DataFrame  # per run: arm, steady AL, all-interval AL, counter AL, tok/s, accuracy
+    arm_summary: pd.DataFrame
+    comparisons: pd.DataFrame  # deltas vs baseline (and each knob with the other on), CIs, TOST, Welch
+    verdicts: list
+    verdict_table: pd.DataFrame  # one row per (comparison, criterion)
+    knob_verdicts: pd.DataFrame  # one row per comparison: expectation stated before the run vs conclusion
+    interaction: pd.DataFrame | None
+
+
+@dataclass
+class KnobABResult:
+    notes: list[str]
+    knobs: pd.DataFrame
+    attribution: AttributionReport
+    steady: SteadyReport
+    decision: DecisionReport
+    accuracy: pd.DataFrame
+    per_position: pd.DataFrame  # per run x position (1-based): accepted, drafts, rate
+    per_position_table: pd.DataFrame  # position x arm: mean rate over the arm's runs
+    reconciliation: pd.DataFrame  # per run: log totals vs counter deltas of the same window
+    runs: pd.DataFrame  # every server run in launch order with its raw counters
+
+
+def knobs_table(params: KnobABParams) -> pd.DataFrame:
+    return pd.DataFrame([{"knob": k.name, "what it changes": k.description, "env": k.env, "args": k.args,
+                          "fields": k.set, "expected": k.expect} for k in params.knobs])
+
+
+def intervals_with_arm(intervals: pd.DataFrame, arm_of: dict[str, str]) -> pd.DataFrame:
+    return intervals.assign(arm=intervals["run_id"].map(arm_of)) if len(intervals) else intervals
+
+
+def sensitivity_table(sens: pd.DataFrame) -> pd.DataFrame:
+    return sens[sens["scope"] == "arm"].pivot_table(index="fraction", columns="arm", values="al")
+
+
+def per_position_frame(runs: pd.DataFrame, intervals: pd.DataFrame, arm_of: dict[str, str]) -> pd.DataFrame:
+    """Per run x position (1-based): from the counter deltas when launched, from the log intervals when ingested."""
+    if f"{COUNTER}drafts" in runs and runs[f"{COUNTER}drafts"].notna().any():
+        items = [({"run_id": r["run_id"], "arm": arm_of.get(r["run_id"]), "source": "counters"}, run_acceptance(r))
+                 for _, r in runs.iterrows()]
+    else:
+        items = [({"run_id": run_id, "arm": arm_of.get(run_id), "source": "log"}, acceptance.frame_acceptance(part))
+                 for run_id, part in intervals.groupby("run_id")] if len(intervals) else []
+    return acceptance.per_position_frame(items)
+
+
+def per_position_table(per_pos: pd.DataFrame) -> pd.DataFrame:
+    return per_pos.pivot_table(index="position", columns="arm", values="rate") if len(per_pos) else pd.DataFrame()
+
+
+RUN_COLUMNS = ["run_id", "order", "sweep", "declared_arm", "status", "attention_backend_target",
+               "attention_backend_draft", "ready_s", "wall_s", "completion_tokens", "tok_s", "n_errors",
+               f"{COUNTER}drafts", f"{COUNTER}accepted_tokens", "correct", "total"]
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    out = runs[[c for c in RUN_COLUMNS if c in runs]].copy()
+    if f"{COUNTER}drafts" in runs:
+        out["counter_al"] = [run_acceptance(r).al for _, r in runs.iterrows()]
+    return out
+
+
+def reconcile_log_with_counters(runs: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
+    """Per launched run: drafts and accepted tokens summed over its log intervals against its /metrics deltas.
+
+    They cover the same window when the server wrote its last interval before the final scrape; a log that
+    lost its tail shows here (and its log-based AL, steady or not, is then short of the counters)."""
+    cols = ["run_id", "log_drafts", "counter_drafts", "log_accepted_tokens", "counter_accepted_tokens",
+            "log_matches_counters"]
+    if f"{COUNTER}drafts" not in runs or intervals.empty:
+        return pd.DataFrame(columns=cols)
+    sums = intervals.groupby("run_id")[["drafts", "accepted_tokens"]].sum()
+    out = runs[["run_id", f"{COUNTER}drafts", f"{COUNTER}accepted_tokens"]].copy()
+    out["log_drafts"] = out["run_id"].map(sums["drafts"]).fillna(0).astype(int)
+    out["log_accepted_tokens"] = out["run_id"].map(sums["accepted_tokens"]).fillna(0).astype(int)
+    out["log_matches_counters"] = (out["log_drafts"] == out[f"{COUNTER}drafts"]) & (
+        out["log_accepted_tokens"] == out[f"{COUNTER}accepted_tokens"])
+    return out[cols]
+
+
+def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
+    notes: list[str] = []
+    runs = data.runs[data.runs["status"].isin(["ok", "ingested"])].copy()
+    if data.run_dir is not None:
+        runs = attention_backends_from_logs(runs, data.run_dir, params.engine.engine)
+    if runs.empty:
+        raise ExperimentError("no successful run to analyse")
+    attr = attribute_runs(runs, params)
+    flagged = attr[~attr["matches_declared"] | attr["arm"].isna()]
+    if len(flagged):
+        notes.append(f"{len(flagged)} run(s) ran with an env/args that differ from their declared arm; "
+                     "they are analysed under the arm they really ran (or left out if unattributable).")
+    arm_of = arm_of_run(attr)
+    runs["arm"] = runs["run_id"].map(arm_of)
+    runs = runs[runs["arm"].notna()]
+
+    iv = data.intervals[data.intervals["run_id"].isin(runs["run_id"])].copy()
+    iv["arm"] = iv["run_id"].map(arm_of)
+    conc = params.workload.concurrency
+    st = steady.steady_state_filter(iv, conc, params.steady_state.min_running_fraction)
+    reasons = st.dropped.assign(phase=st.dropped["reason"].str.split(":").str[0])
+    drop_reasons = (reasons.groupby(["run_id", "phase"]).size().unstack(fill_value=0).reset_index()
+                    if len(reasons) else pd.DataFrame(columns=["run_id"]))
+    counts = st.counts.set_index("run_id")
+    run_al = runs[["run_id", "arm", "sweep", "order"]].copy()
+    run_al["steady_log_al"] = run_al["run_id"].map(counts["al_kept"])
+    run_al["all_intervals_log_al"] = run_al["run_id"].map(
+        {rid: steady.weighted_al(p) for rid, p in iv.groupby("run_id")})
+    run_al["intervals_kept"] = run_al["run_id"].map(counts["kept"])
+    run_al["intervals_total"] = run_al["run_id"].map(counts["intervals"])
+    if f"{COUNTER}drafts" in runs:
+        run_al["counter_al"] = [run_acceptance(r).al for _, r in runs.iterrows()]
+    for col in ("tok_s", "wall_s", "completion_tokens", "ready_s", "correct", "total"):
+        if col in runs:
+            run_al[col] = runs[col].to_numpy()
+    if "correct" in run_al:
+        run_al["accuracy"] = run_al["correct"] / run_al["total"]
+
+    value_col = params.measurement.primary
+    if value_col not in run_al or run_al[value_col].isna().all():
+        raise ExperimentError(f"measurement.primary={value_col!r} is not available for these runs "
+                              f"(ingested logs have no counters: use steady_log_al)")
+    if run_al[value_col].isna().any():
+        bad = run_al.loc[run_al[value_col].isna(), "run_id"].tolist()
+        notes.append(f"runs without a {value_col} (no steady interval) are left out: {bad}")
+    valued = run_al[run_al[value_col].notna()]
+
+    sens = steady.cut_sensitivity(iv, conc, params.steady_state.sensitivity)
+    base_iv = iv[iv["arm"] == BASELINE]
+    thr = params.steady_state.crude_al_threshold
+    if thr is None:
+        thr = steady.weighted_al(base_iv if len(base_iv) else iv)
+    crude = steady.crude_al_threshold_cut(iv, thr)
+    crude_runs = crude.counts.set_index("run_id")
+    cmp_rows = []
+    for arm, part in valued.groupby("arm", sort=False):
+        ids = part["run_id"]
+        cmp_rows.append({
+            "arm": arm,
+            "all intervals": float(part["all_intervals_log_al"].mean()),
+            "load cut (steady)": float(part["steady_log_al"].mean()),
+            f"crude cut (AL <= {thr:.3f})": float(crude_runs.loc[ids, "al_kept"].mean()),
+            "intervals dropped by load cut": int((part["intervals_total"] - part["intervals_kept"]).sum()),
+            "intervals dropped by crude cut": int(crude_runs.loc[ids, "dropped_high_al"].sum()),
+        })
+    crude_vs_load = pd.DataFrame(cmp_rows)
+
+    rule = params.decision
+    n_boot, seed = params.measurement.n_boot, params.measurement.bootstrap_seed
+    arm_summary = stats.arm_table(valued, "arm", value_col)
+    comparisons, verdicts = _judge(valued, value_col, BASELINE, rule, params, n_boot, seed)
+    knob_verdicts, knob_cmp = _knob_effects(valued, value_col, rule, params, n_boot, seed)
+    verdicts_all = verdicts + [v for v in knob_verdicts]
+    comparisons = pd.concat([comparisons, knob_cmp], ignore_index=True) if len(knob_cmp) else comparisons
+
+    interaction = None
+    if params.crossed and len(params.knobs) == 2:
+        a, b = (k.name for k in params.knobs)
+        arms_present = set(valued["arm"])
+        if {BASELINE, a, b, f"{a}+{b}"} <= arms_present:
+            interaction = stats.interaction_2x2(valued, "arm", value_col, a, b, f"{a}+{b}", BASELINE,
+                                                n_boot=n_boot, seed=seed).to_frame()
+    elif params.crossed and len(params.knobs) > 2:
+        notes.append("interaction is reported for two crossed knobs only")
+
+    notes += backend_knob_reach(runs, params)
+    recon = reconcile_log_with_counters(runs, iv)
+    if len(recon) and not recon["log_matches_counters"].all():
+        short = recon.loc[~recon["log_matches_counters"], "run_id"].tolist()
+        notes.append(f"the server log and /metrics disagree for {short}: their log-based AL misses part of the "
+                     "window (see the reconciliation table); counter_al covers the whole run")
+
+    accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
+                if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
+    per_pos = per_position_frame(runs, iv, arm_of)
+    return KnobABResult(
+        notes=notes,
+        knobs=knobs_table(params),
+        attribution=AttributionReport(attr, flagged),
+        steady=SteadyReport(st, drop_reasons, sens, sensitivity_table(sens), crude, crude_vs_load, thr,
+                            steady.explain_crude_cut_bias(), intervals_with_arm(iv, arm_of)),
+        decision=DecisionReport(rule.describe(), value_col, run_al, arm_summary, comparisons, verdicts_all,
+                                decision.verdict_table(verdicts_all), _knob_verdict_summary(verdicts_all, params),
+                                interaction),
+        accuracy=accuracy,
+        per_position=per_pos,
+        per_position_table=per_position_table(per_pos),
+        reconciliation=recon,
+        runs=runs_table(runs),
+    )
+
+
+def _expectation_of(arm_name: str, params: KnobABParams) -> str:
+    knobs = arm_name.split("+")
+    expects = {params.knob(k).expect for k in knobs if k != BASELINE}
+    # An arm with a knob expected to move AL is judged for a difference; otherwise for equivalence.
+    return "different" if "different" in expects else "equivalent"
+
+
+def _judge(df, value_col, baseline, rule, params, n_boot, seed, arms=None, label=None):
+    """Deltas against `baseline` and a verdict per arm: a difference for arms expected to differ, else equivalence."""
+    return decision.compare_and_decide(
+        df, "arm", value_col, baseline, rule, n_boot=n_boot, seed=seed, arms=arms,
+        expectation=lambda arm: _expectation_of(label or arm, params),
+    )
+
+
+def _knob_effects(df, value_col, rule, params, n_boot, seed):
+    """Each knob's effect in the presence of every other knob combination (A+B vs B: does A still hold?)."""
+    if not params.crossed:
+        return [], pd.DataFrame()
+    arms = set(df["arm"])
+    verdicts, frames = [], []
+    for knob in params.knobs:
+        for arm in sorted(arms):
+            parts = arm.split("+")
+            if arm == BASELINE or knob.name not in parts or len(parts) == 1:
+                continue
+            rest = [p for p in parts if p != knob.name]
+            other = "+".join(rest)
+            if other not in arms:
+                continue
+            rows, vs = _judge(df, value_col, other, rule, params, n_boot, seed, arms=[arm], label=knob.name)
+            frames.append(rows)
+            verdicts.extend(vs)
+    return verdicts, (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+
+
+def _knob_verdict_summary(verdicts, params: KnobABParams) -> pd.DataFrame:
+    """One line per comparison: knob expectation (stated before the run), conclusion, and whether they agree."""
+    rows = []
+    for v in verdicts:
+        changed = [k for k in v.arm.split("+") if k not in v.baseline.split("+")]
+        knob = "+".join(changed)
+        expect = _expectation_of(knob, params)
+        got = v.conclusion
+        rows.append({
+            "comparison": f"{v.arm} vs {v.baseline}",
+            "knob": knob,
+            "expected (stated before the run)": expect,
+            "judged as": v.kind,
+            "conclusion": got,
+            "as expected": got == expect,
+            "deterministic": v.deterministic,
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,191 @@
+"""The measurement harness: one server's whole life and the windows measured on it, for every experiment.
+
+    with harness.serve(cfg, run, "00-sweep0-baseline", extra={"arm": "baseline"}) as server:
+        window = server.measure(requests, concurrency=4, flush_wait_s=2.5)
+
+`serve` launches the engine's server (the adapter builds argv and env), waits until it is ready,
+probes its versions, and records it in the run's servers.jsonl in every case: a clean exit, a failure
+(with the error) and an interrupt. `measure` takes a /metrics snapshot, sends the requests, waits for
+the last log interval, takes a second snapshot and returns a `Window`: the request records, the wall
+time, the counter delta through the acceptance model and the byte range of the server log written
+meanwhile (which the engine's own parser reads). Experiments say only what they serve and send, and
+save their frames after each unit of work (RunContext.append_frame), so nothing measured is lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbook.acceptance import Acceptance
+from specbook.errors import RunError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from specbook.client import ChatRequest, RequestRecord
+    from specbook.engines.base import Engine, EngineConfig
+    from specbook.metrics import CounterDelta
+    from specbook.runstore import RunContext
+    from specbook.server import ManagedServer
+
+
+@dataclass
+class Window:
+    """What one measured window on one server saw."""
+
+    server: str
+    records: list[RequestRecord]
+    wall_s: float
+    counters: CounterDelta
+    log_path: Path
+    log_start: int  # byte offsets of the server log written during the window
+    log_end: int
+    engine: Engine = field(repr=False)
+
+    @property
+    def acceptance(self) -> Acceptance:
+        return self.counters.acceptance
+
+    def requests_frame(self) -> pd.DataFrame:
+        from specbook.client import records_frame
+
+        return records_frame(self.records)
+
+    def ok_records(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.error is None]
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(sum(r.completion_tokens or 0 for r in self.ok_records()))
+
+    @property
+    def tok_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def log_text(self) -> str:
+        """The server log written during the window (engine log lines of these requests)."""
+        return read_log_range(self.log_path, self.log_start, self.log_end)
+
+    def log_intervals(self) -> pd.DataFrame:
+        """The engine's own log records of the window (vLLM: stats intervals; llama.cpp: per request)."""
+        return self.engine.log_intervals(self.log_text().splitlines(keepends=True))
+
+
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def read_log_range(path: Path, start: int, end: int | None = None) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(-1 if end is None else max(0, end - start))
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+class Server:
+    """A ready engine server inside `serve`: send unmeasured requests, measure windows, post raw requests."""
+
+    def __init__(self, managed: ManagedServer, engine: Engine, cfg: EngineConfig, versions: dict[str, str]):
+        self.managed = managed
+        self.engine = engine
+        self.cfg = cfg
+        self.versions = versions
+
+    @property
+    def name(self) -> str:
+        return self.managed.name
+
+    @property
+    def base_url(self) -> str:
+        return self.managed.base_url
+
+    @property
+    def model_name(self) -> str:
+        return self.managed.model_name or self.cfg.client_model_name()
+
+    @property
+    def log_path(self) -> Path:
+        return self.managed.log_path
+
+    @property
+    def ready_s(self) -> float | None:
+        return self.managed.ready_s
+
+    def send(self, requests: Sequence[ChatRequest], *, concurrency: int = 1) -> list[RequestRecord]:
+        """Requests outside any window (warm-up): not measured."""
+        from specbook.client import run_requests_sync
+
+        return run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency, progress=False)
+
+    def post_raw(self, request: ChatRequest, timeout_s: float = 600) -> dict[str, Any]:
+        """One non-streamed request keeping the server's whole JSON (llama.cpp adds `timings`)."""
+        import httpx
+
+        body = request.payload(self.model_name, stream=False)
+        resp = httpx.post(self.base_url.rstrip("/") + request.endpoint, json=body, timeout=timeout_s, trust_env=False)
+        if resp.status_code != 200:
+            raise RunError(f"request {request.prompt_id} to {self.name} ({self.base_url}): HTTP {resp.status_code}: "
+                           f"{resp.text[:300]}")
+        return resp.json()
+
+    def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0) -> Window:
+        """Snapshot, requests, wait `flush_wait_s` (the engine writes its last log interval), snapshot."""
+        from specbook.client import run_requests_sync
+        from specbook.metrics import scrape
+
+        log_start = log_size(self.log_path)
+        before = scrape(self.base_url)
+        t0 = time.monotonic()
+        records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
+                                    progress=False, desc=self.name)
+        wall = time.monotonic() - t0
+        if flush_wait_s > 0:
+            time.sleep(flush_wait_s)
+        after = scrape(self.base_url)
+        counters = self.engine.spec_decode_delta(before, after, self.model_name)
+        return Window(self.name, records, wall, counters, self.log_path, log_start, log_size(self.log_path),
+                      self.engine)
+
+
+@contextmanager
+def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any] | None = None) -> Iterator[Server]:
+    """A ready server for `cfg`, logging to the run's logs/NAME.log, torn down and recorded on the way out.
+
+    The record (servers.jsonl) carries argv, redacted env, versions, times, start-up facts from the log
+    and how the unit ended: "ok", "failed" with the error, or "interrupted" (Ctrl-C, SIGTERM).
+    """
+    from specbook.engines import get_engine
+    from specbook.server import ManagedServer, free_port
+
+    engine = get_engine(cfg.engine)
+    spec = engine.build_spec(cfg, name=name, log_path=run.log_path(name), port=free_port())
+    managed = ManagedServer(spec)
+    versions: dict[str, str] = {"engine": engine.name}
+    status, error = "ok", None
+    try:
+        with managed:
+            versions = engine.probe_versions(managed.base_url)
+            yield Server(managed, engine, cfg, versions)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        status, error = "interrupted", f"{type(exc).__name__}: {exc}".strip()
+        raise
+    except BaseException as exc:
+        status, error = "failed", f"{type(exc).__name__}: {exc}"[:2000]
+        raise
+    finally:
+        stopped = managed.stopped_at or datetime.now(timezone.utc)
+        run.record_server(name, managed.argv, managed.launched_env, versions, managed.started_at, stopped,
+                          managed.ready_s, extra=extra, startup=engine.startup_facts(managed.log_path),
+                          status=status, error=error)

@@ -1,0 +1,209 @@
+"""specbook.harness: one server's whole life and its measured windows, driven against the stub server.
+
+The engine registered here is a test-only adapter whose server is tests/fixtures/stub_servers/engine_stub.py
+(mode `serving`: OpenAI SSE answers and a /metrics of the stub's own request and token counters). The tests
+check the harness's lifecycle, records and windows; they claim nothing about any real engine's behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import psutil
+import pytest
+
+from specbook import harness
+from specbook.acceptance import Acceptance
+from specbook.client import ChatRequest
+from specbook.engines import _ENGINES as REGISTRY
+from specbook.engines import EngineConfig, register_engine
+from specbook.envline import read_env_line
+from specbook.errors import RunError, ServerStartError
+from specbook.metrics import CounterDelta, MetricsSnapshot, int_delta
+from specbook.runstore import SERVERS_NAME, RunContext
+from specbook.server import REDACTED, ServerSpec
+
+STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
+ENGINE = "harness-stub"
+STUB_VERSION = "0.0.0-stub"  # what engine_stub.py answers on /version
+_START_LINE = re.compile(r"stub-engine: mode=(?P<mode>\S+) pid=(?P<pid>\d+)")
+
+
+class StubEngine:
+    """Test-only adapter: argv for the stub, its /version, its own counters, its start line and request lines
+    (the harness calls no other method; the last two are there because the Engine protocol asks for them)."""
+
+    name = ENGINE
+
+    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
+        return ServerSpec(
+            name=name, argv=[sys.executable, str(STUB), "--port", str(port), *cfg.extra_args], env=dict(cfg.env),
+            port=port, log_path=log_path, ready_timeout_s=cfg.ready_timeout_s, model_name=cfg.client_model_name(),
+        )  # fmt: skip
+
+    def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
+        versions = {"engine": self.name}
+        if base_url:
+            versions["stub"] = httpx.get(base_url + "/version", timeout=5, trust_env=False).json()["version"]
+        return versions
+
+    def spec_decode_delta(self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None):
+        return CounterDelta(
+            acceptance=Acceptance(source="stub: no speculation", drafts=0.0),
+            generation_tokens=int_delta(before, after, "stub_generation_tokens"),
+            requests_succeeded=int_delta(before, after, "stub_requests"),
+            interval_s=(after.timestamp - before.timestamp).total_seconds(),
+        )
+
+    def startup_facts(self, log_path: str | Path) -> dict:
+        m = _START_LINE.search(Path(log_path).read_text()) if Path(log_path).exists() else None
+        return {"mode": m["mode"], "pid": int(m["pid"])} if m else {}
+
+    def log_intervals(self, lines) -> pd.DataFrame:
+        rows = [{"line_no": i, "text": ln.strip()} for i, ln in enumerate(lines, 1) if '"POST ' in ln]
+        return pd.DataFrame(rows, columns=["line_no", "text"])
+
+    def detect_log(self, head_lines) -> int:
+        return sum("stub-engine: " in ln for ln in head_lines)
+
+    def summarise_log(self, path: str | Path) -> dict:
+        return {"acceptance": Acceptance(source="stub: no speculation", drafts=0.0)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stub_engine():
+    register_engine(ENGINE)(StubEngine)
+    yield REGISTRY[ENGINE]
+    REGISTRY.pop(ENGINE, None)
+
+
+def cfg(mode: str = "serving", **kw) -> EngineConfig:
+    env = {"STUB_VISIBLE": "harness", "HF_TOKEN": "hf_secret_value"}
+    return EngineConfig(engine=ENGINE, model="stub", served_model_name="stub", extra_args=["--mode", mode], env=env,
+                        ready_timeout_s=30, **kw)
+
+
+def req(pid: str, max_tokens: int = 8, text: str = "hello") -> ChatRequest:
+    return ChatRequest(prompt_id=pid, messages=[{"role": "user", "content": text}], max_tokens=max_tokens,
+                       extra_body={"stub_delay_s": 0.005})
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def only_record(run: RunContext):
+    records = run.servers()
+    assert len(records) == 1, records
+    return records[0]
+
+
+def posts(text: str) -> int:
+    return len(re.findall(r'"POST /v1/chat/completions HTTP/1\.1" 200', text))
+
+
+def test_clean_unit_is_recorded_ok_and_windows_hold_their_requests_counters_and_log_bytes(tmp_path):
+    run = RunContext(tmp_path / "run")
+    with harness.serve(cfg(), run, "00-stub-ok", extra={"arm": "baseline"}) as server:
+        managed = server.managed
+        assert server.ready_s is not None and 0 < server.ready_s < 30
+        assert server.versions == {"engine": ENGINE, "stub": STUB_VERSION}
+        assert server.log_path == run.log_path("00-stub-ok")
+        assert [r.ok for r in server.send([req("warm-up")])] == [True]  # outside any window
+        t0 = time.monotonic()
+        first = server.measure([req(f"p{i}") for i in range(3)], concurrency=2)
+        outer = time.monotonic() - t0
+        second = server.measure([req("q", max_tokens=5)])
+        raw = server.post_raw(req("raw", max_tokens=4))
+        with pytest.raises(RunError, match=r"request fail to 00-stub-ok .*HTTP 500"):
+            server.post_raw(req("fail", text="FAIL please"))
+    pid = managed.pid
+
+    # measure: the records of its own requests, in order, and a wall time inside the call's own time
+    assert [r.prompt_id for r in first.records] == ["p0", "p1", "p2"] and all(r.ok for r in first.records)
+    assert [r.completion_tokens for r in first.records] == [8, 8, 8] and first.completion_tokens == 24
+    assert 0 < first.wall_s <= outer and first.tok_s == pytest.approx(24 / first.wall_s)
+    assert list(first.requests_frame()["prompt_id"]) == ["p0", "p1", "p2"]
+    # the counters are snapshots taken around the window: the warm-up request is not in it
+    assert (first.counters.requests_succeeded, first.counters.generation_tokens) == (3, 24)
+    assert (second.counters.requests_succeeded, second.counters.generation_tokens) == (1, 5)
+    assert first.acceptance is first.counters.acceptance and math.isnan(first.acceptance.al)  # no drafts
+    # the log byte range: the requests of this window and no other
+    log = server.log_path.read_bytes()
+    assert 0 < first.log_start < first.log_end <= second.log_start < second.log_end <= len(log)
+    assert first.log_text() == log[first.log_start:first.log_end].decode()
+    assert posts(first.log_text()) == 3 and posts(second.log_text()) == 1
+    assert posts(log[: first.log_start].decode()) == 1  # the warm-up
+    assert len(first.log_intervals()) == 3 and len(second.log_intervals()) == 1
+    assert raw["choices"][0]["message"]["content"] == "w0 w1 w2 w3 "  # the server's whole JSON
+
+    # servers.jsonl: one record, status ok, with what the server really ran
+    rec = only_record(run)
+    assert (rec.name, rec.status, rec.error) == ("00-stub-ok", "ok", None)
+    assert rec.argv == managed.argv and rec.argv[:2] == [sys.executable, str(STUB)]
+    assert rec.argv[rec.argv.index("--port") + 1] == str(managed.spec.port)
+    assert rec.versions == {"engine": ENGINE, "stub": STUB_VERSION}
+    started, stopped = datetime.fromisoformat(rec.started_at), datetime.fromisoformat(rec.stopped_at)
+    assert started == managed.started_at and stopped == managed.stopped_at and started < stopped
+    assert rec.ready_s == managed.ready_s and rec.extra == {"arm": "baseline"}
+    assert rec.log_path == "logs/00-stub-ok.log"
+    assert rec.env == {"HF_TOKEN": REDACTED, "STUB_VISIBLE": "harness"} == read_env_line(server.log_path)
+    assert "hf_secret_value" not in (run.run_dir / SERVERS_NAME).read_text()
+    assert rec.startup == {"mode": "serving", "pid": pid}
+    # nothing survives the unit
+    assert managed.surviving_pids() == [] and gone(pid)
+
+
+def test_exception_in_the_block_is_recorded_failed_with_its_text_and_re_raised(tmp_path):
+    run = RunContext(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="injected failure in the unit"):
+        with harness.serve(cfg(), run, "01-stub-fail") as server:
+            managed = server.managed
+            server.measure([req("p0")])
+            raise RuntimeError("injected failure in the unit")
+    rec = only_record(run)
+    assert (rec.status, rec.error) == ("failed", "RuntimeError: injected failure in the unit")
+    assert rec.versions["stub"] == STUB_VERSION and rec.stopped_at is not None
+    assert managed.surviving_pids() == [] and gone(managed.pid)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(2)], ids=["ctrl-c", "sys-exit"])
+def test_interrupt_is_recorded_interrupted_and_re_raised(tmp_path, exc):
+    run = RunContext(tmp_path / "run")
+    with pytest.raises(type(exc)):
+        with harness.serve(cfg(), run, "02-stub-interrupted") as server:
+            managed = server.managed
+            raise exc
+    rec = only_record(run)
+    assert rec.status == "interrupted" and rec.error.startswith(type(exc).__name__)
+    assert managed.surviving_pids() == [] and gone(managed.pid)
+
+
+def test_server_dying_at_start_is_recorded_failed_with_the_log_tail_and_leaves_nothing(tmp_path):
+    run = RunContext(tmp_path / "run")
+    with pytest.raises(ServerStartError, match="exited with code 3"):
+        with harness.serve(cfg("exit-at-once"), run, "03-stub-dies"):
+            pytest.fail("the block must not run for a server that never became ready")
+    rec = only_record(run)
+    assert rec.status == "failed" and "exited with code 3" in rec.error
+    assert rec.versions == {"engine": ENGINE}  # never probed: the server was never ready
+    assert rec.ready_s is None and rec.started_at is not None and rec.stopped_at is not None
+    assert rec.log_path == "logs/03-stub-dies.log" and rec.startup["mode"] == "exit-at-once"
+    assert "FATAL could not allocate KV cache" in run.log_path("03-stub-dies").read_text()
+    assert gone(rec.startup["pid"])
+
+
+def test_units_of_one_run_append_their_records_in_order(tmp_path):
+    run = RunContext(tmp_path / "run")
+    with harness.serve(cfg(), run, "a-ok"):
+        pass
+    with pytest.raises(ValueError, match="second"), harness.serve(cfg(), run, "b-fail"):
+        raise ValueError("second unit fails")
+    assert [(r.name, r.status) for r in run.servers()] == [("a-ok", "ok"), ("b-fail", "failed")]
