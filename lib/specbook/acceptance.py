@@ -115,7 +115,8 @@ class Acceptance(BaseModel):
     def __add__(self, other: Acceptance) -> Acceptance:
         n = max(self.k, other.k)
         pad = lambda t: tuple(t) + (0.0,) * (n - len(t))  # noqa: E731
-        drafts = None if self.drafts is None and other.drafts is None else (self.drafts or 0) + (other.drafts or 0)
+        # a part without a draft count (llama.cpp timings) makes the total's draft count unknown, not smaller
+        drafts = None if self.drafts is None or other.drafts is None else self.drafts + other.drafts
         return Acceptance(
             source=self.source if self.source == other.source else f"{self.source} + {other.source}",
             drafts=drafts,
@@ -127,8 +128,12 @@ class Acceptance(BaseModel):
 
     @classmethod
     def total(cls, parts: Iterable[Acceptance], source: str = "") -> Acceptance:
-        out = cls(source=source, drafts=0.0)
-        for p in parts:
+        """The sum of windows (no part: zero counts)."""
+        parts = list(parts)
+        if not parts:
+            return cls(source=source, drafts=0.0)
+        out = parts[0]
+        for p in parts[1:]:
             out = out + p
         return out.model_copy(update={"source": source or out.source})
 
@@ -166,9 +171,11 @@ class Acceptance(BaseModel):
     @classmethod
     def from_counts(cls, source: str, drafts: float | None, draft_tokens: float, accepted_tokens: float,
                     accepted_per_position: Sequence[float] | Mapping[int, float] = ()) -> Acceptance:
-        """From raw counts; a {label: n} mapping of per-position counts is ordered by its labels."""
+        """From raw counts; a {0-based label: n} mapping of per-position counts is placed by its labels
+        (label p is position p + 1; a missing label counts 0)."""
         if isinstance(accepted_per_position, Mapping):
-            accepted_per_position = [accepted_per_position[k] for k in sorted(accepted_per_position, key=int)]
+            by_label = {int(k): v for k, v in accepted_per_position.items()}
+            accepted_per_position = [by_label.get(i, 0) for i in range(max(by_label, default=-1) + 1)]
         return cls(source=source, drafts=None if drafts is None else float(drafts), draft_tokens=float(draft_tokens),
                    accepted_tokens=float(accepted_tokens),
                    accepted_per_position=tuple(float(x) for x in accepted_per_position))
@@ -193,7 +200,7 @@ def frame_acceptance(frame: Any, prefix: str = "", source: str = "") -> Acceptan
     def total(col: str) -> float:
         return float(frame[col].fillna(0).sum()) if col in frame else 0.0
 
-    drafts = total(f"{prefix}{DRAFTS}")
+    drafts = total(f"{prefix}{DRAFTS}") if f"{prefix}{DRAFTS}" in frame else None  # e.g. llama.cpp log lines
     return Acceptance(
         source=source, drafts=drafts, draft_tokens=total(f"{prefix}{DRAFT_TOKENS}"),
         accepted_tokens=total(f"{prefix}{ACCEPTED}"),

@@ -13,6 +13,7 @@ import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import pandas as pd
@@ -52,19 +53,34 @@ def parse_argv_options(argv: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _model_ref(value: Any) -> Any:
+    """A prepared embedded model's folder stands for the model's name, whichever cache it was prepared in:
+    a run recorded on another host (or with another SPECBOOK_CACHE) still attributes to its arm."""
+    from specbook.models.catalog import EMBEDDED_MODELS
+
+    if isinstance(value, dict):
+        return {k: _model_ref(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_model_ref(v) for v in value]
+    if isinstance(value, str) and "/" in value and PurePath(value).name in EMBEDDED_MODELS:
+        return PurePath(value).name
+    return value
+
+
 def _canonical(value: Any) -> Any:
-    """A comparable form: JSON objects/arrays parsed (key order irrelevant), everything else a string."""
+    """A comparable form: JSON objects/arrays parsed (key order irrelevant), embedded models' folders as
+    their names, everything else a string."""
     if value is None or value is FLAG_SET:
         return value
     if isinstance(value, (dict, list)):
-        return json.loads(json.dumps(value, sort_keys=True))
+        return _model_ref(json.loads(json.dumps(value, sort_keys=True)))
     s = str(value).strip()
     if s[:1] in "{[":
         try:
-            return json.loads(s)
+            return _model_ref(json.loads(s))
         except json.JSONDecodeError:
             return s
-    return s
+    return _model_ref(s)
 
 
 def _show(value: Any) -> str:

