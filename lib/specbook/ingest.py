@@ -50,15 +50,15 @@ class IngestResult(BaseModel):
     bonus token counted), acceptance_rate = accepted_tokens / draft_tokens, summed over the whole log (a
     token-weighted figure, never a mean of per-interval or per-request figures). NaN is written as null.
 
-        {"file": "server.log", "engine": "vllm", "source": "vllm log",
-         "records": 10, "record_kind": "interval",
-         "drafts": 151, "draft_tokens": 604, "accepted_tokens": 320, "k": 4,
-         "al": 3.119, "acceptance_rate": 0.5298,
-         "accepted_per_position": [{"position": 1, "accepted": 118.0, "rate": 0.781}, ...],
-         "env": {"VLLM_LOG_STATS_INTERVAL": "1", ...}, "stats_lines": 12,
+        $ specbook ingest tests/fixtures/logs/vllm-cpu-0.32-draft-model.log --json
+        {"file": "tests/fixtures/logs/vllm-cpu-0.32-draft-model.log", "engine": "vllm", "source": "vllm log",
+         "records": 10, "record_kind": "interval", "drafts": 151, "draft_tokens": 604, "accepted_tokens": 320,
+         "k": 4, "al": 3.119205298013245, "acceptance_rate": 0.5298013245033113,
+         "accepted_per_position": [{"position": 1, "accepted": 124.0, "rate": 0.8211920529801324},
+                                   {"position": 2, "accepted": 75.0, "rate": 0.4966887417218543}, ...],
+         "env": {"PYTHONPATH": "/tmp/specbook-vllm-shim", ...}, "stats_lines": 12,
          "total_lines": 213, "unknown_lines": 190, "broken_lines": 0,
-         "first_timestamp": "2026-11-29T22:40:21", "last_timestamp": "2026-11-29T22:40:55",
-         "note": null}
+         "first_timestamp": "2026-11-29T22:40:21", "last_timestamp": "2026-11-29T22:40:54", "note": null}
 
     engine is the registered adapter name (`vllm`, `llamacpp`). A llama-server log prints no draft count
     (its per-request "mean len" is AL rounded to two decimals), so drafts, al and accepted_per_position

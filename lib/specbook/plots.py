@@ -1,4 +1,5 @@
-"""Figures for the reports: seaborn on frames the analysis modules computed. No computation here."""
+"""Figures for the reports, drawn from frames the analysis computed: no arithmetic here (no means, no
+quartiles, no error bars computed by the plotting library)."""
 
 from __future__ import annotations
 
@@ -42,15 +43,20 @@ def al_over_time(intervals: pd.DataFrame, kept: pd.DataFrame, *, col_wrap: int =
     return fig
 
 
-def arm_distribution(run_al: pd.DataFrame, value_col: str):
-    """One point per run (sweep) per arm, over a box of the arm's spread."""
+def arm_distribution(run_al: pd.DataFrame, value_col: str, arm_summary: pd.DataFrame):
+    """One point per run (sweep) per arm, and each arm's mean from the analysis as a bar."""
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * run_al["arm"].nunique()), 3.6))
-    order = list(dict.fromkeys(run_al.sort_values("order")["arm"])) if "order" in run_al else None
-    sns.boxplot(data=run_al, x="arm", y=value_col, order=order, color="0.9", ax=ax, width=0.5, fliersize=0)
-    sns.stripplot(data=run_al, x="arm", y=value_col, order=order, hue="sweep" if "sweep" in run_al else None,
-                  ax=ax, size=7, jitter=0.08, palette="deep")
-    ax.set_ylabel(value_col.replace("_", " "))
-    ax.set_xlabel("")
+    order = list(dict.fromkeys(run_al.sort_values("order")["arm"])) if "order" in run_al else list(arm_summary["arm"])
+    x = {arm: i for i, arm in enumerate(order)}
+    means = arm_summary.set_index("arm")["mean"]
+    ax.bar(range(len(order)), [means.get(a, np.nan) for a in order], color="0.88", width=0.5, label="arm mean")
+    for sweep, part in run_al.groupby("sweep" if "sweep" in run_al else lambda _: 0):
+        ax.scatter([x[a] for a in part["arm"]], part[value_col], s=40, zorder=3, label=f"sweep {sweep}")
+    ax.set_xticks(range(len(order)), order)
+    lo = float(run_al[value_col].min())
+    ax.set_ylim(max(0.0, lo - 0.25 * (float(run_al[value_col].max()) - lo + 0.1)), None)
+    ax.set_ylabel(value_col.replace("_", " ") + " (tokens per step)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -66,13 +72,18 @@ def cut_sensitivity(sensitivity: pd.DataFrame):
     return fig
 
 
-def per_position(per_pos: pd.DataFrame):
-    """Acceptance rate at each draft position, per arm (mean over runs, bars = run spread)."""
+def per_position(per_pos: pd.DataFrame, table: pd.DataFrame):
+    """Acceptance rate at each draft position (from 1): each run's points, each arm's mean (the table) as a line."""
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    sns.lineplot(data=per_pos, x="position", y="rate", hue="arm", marker="o", errorbar=("pi", 100), ax=ax)
+    for arm in table.columns:
+        line = ax.plot(table.index, table[arm], marker="o", label=str(arm))[0]
+        runs = per_pos[per_pos["arm"] == arm]
+        ax.scatter(runs["position"], runs["rate"], s=10, color=line.get_color(), alpha=0.5)
     ax.set_ylim(0, 1.02)
-    ax.set_xticks(sorted(per_pos["position"].unique()))
+    ax.set_xticks(list(table.index))
+    ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafts")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

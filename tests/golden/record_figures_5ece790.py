@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from specbook.provenance import RunContext
 
 import specbook
 from specbook.experiments import config_flip as cf
 from specbook.experiments import cross_engine as ce
 from specbook.experiments import knob_ab
 from specbook.params import load_params
-from specbook.provenance import RunContext
 
 CODE_COMMIT = "5ece790"
 

@@ -194,11 +194,19 @@ def test_run_list_render_through_the_cli(tmp_path):
     rows = {ln.split()[1]: ln.split()[2] for ln in listed.stdout.splitlines()[1:]}
     assert rows == {run_dir.name: "ok", broken_dir.name: "failed"}
 
-    # render needs no experiment registration: the manifest names the notebook
-    rendered = specbook("render", str(run_dir), "--no-progress", with_fixtures=False)
+    # render runs this project's notebook for the run's experiment, never the path the manifest names
+    manifest_path = run_dir / "manifest.json"
+    doc = json.loads(manifest_path.read_text())
+    doc["notebook"] = str(tmp_path / "someone-elses.ipynb")
+    manifest_path.write_text(json.dumps(doc))
+    rendered = specbook("render", str(run_dir), "--no-progress")
     assert rendered.returncode == 0, rendered.stderr
     assert (run_dir / "report.prev.html").is_file()
     assert "reuse_data=True" in (run_dir / "report.html").read_text()
+    assert read_manifest(run_dir).renders[-1].notebook == str(NOTEBOOKS / "good.ipynb")
+    # an experiment this checkout does not know cannot be rendered: a clean error names it
+    unknown = specbook("render", str(run_dir), "--no-progress", with_fixtures=False)
+    assert_clean_error(unknown, 2, "fixture_good")
 
 
 def test_sigterm_stops_the_cell_and_finalizes_the_manifest(tmp_path):

@@ -54,8 +54,11 @@ def _assert_same(path: Path, monkeypatch, block_sizes=(None, 4096, 97)) -> logpa
         for f in dataclasses.fields(logparse.ParsedLog):
             if f.name != "path":
                 assert _norm(getattr(fast, f.name)) == _norm(getattr(expected, f.name)), (f.name, size)
-        summary = logparse.summarise_log(path, year=YEAR, keep_broken=10**6)
+        summary = logparse.summarise_log(path, year=YEAR, keep_broken=10**6, processes=1)
         assert _norm(dataclasses.replace(summary, path=None)) == _norm(expected.summary())
+        for processes in (2, 3):  # several processes, one byte range each
+            summary = logparse.summarise_log(path, year=YEAR, keep_broken=10**6, processes=processes)
+            assert _norm(dataclasses.replace(summary, path=None)) == _norm(expected.summary()), processes
         monkeypatch.undo()
     # and iter_records, the per-line API, reads the file to the same records
     records = [r for r in logparse.iter_records(path, year=YEAR) if not isinstance(r, logparse.UnknownLine)]
@@ -234,3 +237,33 @@ def test_lines_in_vllms_layout_skip_the_line_parser(keep, log, monkeypatch):
     assert all(line.startswith("Env:") for line in seen) and len(seen) <= 1
     expected = log.read_bytes().count(b"SpecDecoding metrics: ")
     assert (len(parsed.spec_decoding) if keep else parsed.intervals) == expected > 0
+
+
+def test_a_leap_day_is_read_in_one_process(tmp_path, monkeypatch):
+    """02-29 is a date or not depending on the year, which a part read elsewhere cannot know: such a log is
+    read again in one process, with the same result."""
+    lines = [re.sub(rb"\d\d-\d\d (\d\d:\d\d:\d\d)", b"02-29 \\1", line) for line in _lines(NGRAM)]
+    path = _write(tmp_path, "leap.log", lines)
+    calls = []
+    parallel = logparse._summarise_parallel
+    monkeypatch.setattr(logparse, "_summarise_parallel", lambda *a: calls.append(parallel(*a)) or calls[-1])
+    for year in (2028, 2027):  # a leap year, and one where 02-29 is no date
+        expected = logparse.parse_log(_per_line_lines(path), year=year)
+        summary = logparse.summarise_log(path, year=year, processes=2)
+        assert _norm(dataclasses.replace(summary, path=None)) == _norm(expected.summary())
+    assert calls == [None, None]
+
+
+def _per_line_lines(path: Path) -> list[str]:
+    with path.open("rb") as handle:
+        return [raw.decode("utf-8", errors="replace") for raw in handle]
+
+
+def test_large_logs_are_read_by_several_processes_where_the_machine_has_cpus(monkeypatch):
+    monkeypatch.setattr(logparse, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr("threading.active_count", lambda: 1)
+    assert logparse._processes(10) == logparse.MAX_PROCESSES
+    assert logparse._processes(0) == 1
+    monkeypatch.setattr("threading.active_count", lambda: 3)  # forking a process that runs threads is unsafe
+    assert logparse._processes(10) == 1

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from specbook.fingerprint import parse_nvidia_smi_csv
 from specbook.manifest import GitInfo, Manifest, ServerRecord, write_manifest

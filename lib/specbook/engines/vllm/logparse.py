@@ -9,12 +9,14 @@ as `grep -n` numbers them (vLLM's progress bars hold bare "\\r").
 Two readers give one result:
 
 * per line (`iter_records`, `parse_log(lines)`): every line through `_Parser.record`;
-* by block (`parse_log(path)`, `summarise_log(path)`): the file is read in large binary blocks, newlines
-  are counted per block, and only the lines that can be records are looked at: lines starting with
-  `Env:`, and lines holding `SpecDecoding metrics: ` or `Avg prompt throughput:` (found by compiled bytes
-  regexes whose literal prefix is that marker). A line in the exact layout vLLM prints is read from the
-  regex's groups; any other candidate line goes through `_Parser.record`, so both readers agree line
-  for line (tests/unit/test_ingest_fastpath.py checks it on every fixture log and on damaged copies).
+* by block (`parse_log(path)`, `summarise_log(path)`, what `specbook ingest` runs): the file is read in
+  binary blocks (the memory held is a block, whatever the log's size), newlines are counted per block with
+  numpy, and only the lines that can be records are looked at: lines starting with `Env:`, and lines
+  holding `SpecDecoding metrics: ` or `Avg prompt throughput:` (found with bytes.find). A line in the exact
+  layout vLLM writes is read from one compiled bytes regex's groups; any other such line goes through
+  `_Parser.record`. `summarise_log` reads a large log with several processes, one byte range each, and
+  puts their parts together exactly. Both readers agree line for line (tests/unit/test_ingest_fastpath.py
+  checks it on every fixture log and on damaged copies; benchmarks/logparse_speed.py times it).
 
 The AL, acceptance rate and per-position figures of a log come from `ParsedLog.acceptance()` (the
 acceptance model, specbook.acceptance); this module only recovers the counts vLLM's log does not print
@@ -29,11 +31,13 @@ takes the year they reached. A stray line with another month in between changes 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -321,22 +325,32 @@ LogRecord = SpecDecodingInterval | EngineStatsInterval | EnvRecord | UnknownLine
 
 
 class _CountSums:
-    """Interval counts summed in file order; the one place a log's totals are added up. Rows wait in `pending`
-    and are summed a batch at a time (in order: np.add.accumulate adds one row after the other, so the totals
-    do not depend on where batches end)."""
+    """A log's interval counts added up; the one place its totals are. Sums are exact, so they do not depend on
+    the order or the batches they are added in: integer counts as integers, an unrounded per-position count
+    (intervals of 1000 drafts or more) as the exact fraction its float is, rounded to a float once at the end.
+    Rows wait in `pending` and are counted a batch at a time."""
 
-    __slots__ = ("accepted", "drafted", "drafts", "ks", "pending", "positions")
+    __slots__ = ("accepted", "drafted", "drafts", "fractions", "integers", "ks", "nan", "pending")
 
     def __init__(self) -> None:
         self.drafts = 0
         self.drafted = 0
         self.accepted = 0
-        self.positions: list[float] = []
+        self.integers: list[int] = []  # per position
+        self.fractions: list[Fraction] = []  # per position
+        self.nan: list[bool] = []  # per position: a count that is not a number was added
         self.ks: set[int] = set()
         self.pending = _Rows()
 
     def add(self, al: float, accepted: int, drafted: int, rates: Sequence[float]) -> None:
         self.pending.add(al, accepted, drafted, rates)
+
+    def _widen(self, width: int) -> None:
+        grow = width - len(self.integers)
+        if grow > 0:
+            self.integers += [0] * grow
+            self.fractions += [Fraction(0)] * grow
+            self.nan += [False] * grow
 
     def flush(self) -> None:
         rows = self.pending
@@ -350,15 +364,44 @@ class _CountSums:
         self.drafted += sum(rows.drafted)
         self.accepted += sum(rows.accepted)
         self.ks.update(rows.ks)
-        width = max(counts.shape[1], len(self.positions))
-        table = np.zeros((len(rows) + 1, width))
-        table[0, : len(self.positions)] = self.positions
-        table[1:, : counts.shape[1]] = np.where(valid, counts, 0.0)  # a position past a row's k adds nothing
-        self.positions = np.add.accumulate(table, axis=0)[-1].tolist()
+        width = counts.shape[1]
+        self._widen(width)
+        counts = np.where(valid, counts, 0.0)  # a position past a row's k adds nothing
+        nan = np.isnan(counts)
+        counts[nan] = 0.0
+        whole = drafts < _EXACT_DRAFTS  # rounded counts: integers (far below 2**53)
+        integers = counts[whole].astype(np.int64).sum(axis=0).tolist()
+        found_nan = nan.any(axis=0).tolist()
+        for i in range(width):
+            self.integers[i] += integers[i]
+            self.nan[i] = self.nan[i] or found_nan[i]
+        for row in counts[~whole].tolist():  # unrounded: rare (1000 drafts in one stats interval)
+            for i, value in enumerate(row):
+                self.fractions[i] += Fraction(value)
+
+    def merge(self, other: _CountSums) -> None:
+        """Add another part's sums (the same log, read elsewhere)."""
+        self.flush()
+        other.flush()
+        self.drafts += other.drafts
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.ks |= other.ks
+        self._widen(len(other.integers))
+        for i in range(len(other.integers)):
+            self.integers[i] += other.integers[i]
+            self.fractions[i] += other.fractions[i]
+            self.nan[i] = self.nan[i] or other.nan[i]
+
+    @property
+    def positions(self) -> list[float]:
+        self.flush()
+        return [math.nan if nan else float(whole + part)
+                for whole, part, nan in zip(self.integers, self.fractions, self.nan, strict=True)]
 
     def acceptance(self) -> Acceptance:
-        self.flush()
-        return Acceptance.from_counts(SOURCE, self.drafts, self.drafted, self.accepted, self.positions)
+        positions = self.positions  # flushes first
+        return Acceptance.from_counts(SOURCE, self.drafts, self.drafted, self.accepted, positions)
 
     @property
     def k(self) -> int | None:
@@ -554,6 +597,8 @@ class _Timestamps:
         self.year = year
         self.last_month = 0
         self._cache: tuple[str, datetime | None] | None = None
+        self.months: list[int] = []  # the months committed, in order (a run of one month once)
+        self.leap_day = False  # a 02-29 was read: valid or not depending on the year (see _scan_parallel)
 
     def _resolve(self, text: str) -> tuple[datetime | None, int]:
         try:
@@ -571,11 +616,22 @@ class _Timestamps:
         stamp, year = self._resolve(text)
         if stamp is not None:
             self.year, self.last_month = year, stamp.month
+            if not self.months or self.months[-1] != stamp.month:
+                self.months.append(stamp.month)
+        self.leap_day = self.leap_day or text.startswith("02-29")
         self._cache = (text, stamp)
         return stamp
 
     def peek(self, text: str) -> datetime | None:
+        self.leap_day = self.leap_day or text.startswith("02-29")
         return self._resolve(text)[0]
+
+    def replay(self, month: int) -> None:
+        """Commit a month another reader committed (a valid date of that month), as __call__ would."""
+        if month < self.last_month:
+            self.year += 1
+        self.last_month = month
+        self._cache = None
 
 
 def parse_header(line: str, timestamps: _Timestamps | None = None) -> LineHeader | None:
@@ -804,11 +860,23 @@ def parse_log(
     return out.parsed()
 
 
-def summarise_log(source: str | Path | Iterable[str], *, year: int | None = None, keep_broken: int = 20) -> LogSummary:
-    """What a whole log adds up to, without keeping its records (the block reader for a path)."""
-    if isinstance(source, (str, Path)):
-        return _scan_file(source, year=year, keep_records=False, keep_broken=keep_broken).summary()
-    return _parse_lines(source, None, year or datetime.now(timezone.utc).year, keep_broken).summary()
+def summarise_log(
+    source: str | Path | Iterable[str], *, year: int | None = None, keep_broken: int = 20,
+    processes: int | None = None,
+) -> LogSummary:
+    """What a whole log adds up to, without keeping its records. A path is read by the block reader, a large
+    log by several processes at once (`processes`; default: see _processes), with the same result."""
+    if not isinstance(source, (str, Path)):
+        return _parse_lines(source, None, year or datetime.now(timezone.utc).year, keep_broken).summary()
+    path, handle, default_year = _open(source)
+    handle.close()
+    size = path.stat().st_size
+    n = _processes(size) if processes is None else processes
+    if n > 1:
+        out = _summarise_parallel(path, year or default_year, keep_broken, n, BLOCK_SIZE)
+        if out is not None:
+            return out.summary()
+    return _scan_file(path, year=year or default_year, keep_records=False, keep_broken=keep_broken).summary()
 
 
 # --- the block reader -------------------------------------------------------------------------------
@@ -871,16 +939,19 @@ def _regexes(month: int, colour: bool = True) -> tuple[re.Pattern[bytes], re.Pat
     return _REGEXES[key]
 
 
-def _read_blocks(handle: BinaryIO, block_size: int) -> Iterator[tuple[bytearray, int]]:
+def _read_blocks(handle: BinaryIO, block_size: int, limit: int | None = None) -> Iterator[tuple[bytearray, int]]:
     """(buffer, end): buffer[:end] holds whole lines, each ending in b"\\n" (one is added after a last line
-    that has none). The buffer is reused: use it before asking for the next block."""
+    that has none), read from the handle's position on, `limit` bytes at most. The buffer is reused: use it
+    before asking for the next block."""
     buf = bytearray(block_size)
     filled = 0
+    left = math.inf if limit is None else limit
     while True:
         if filled == len(buf):  # one line longer than the buffer: grow it to hold the line
             buf.extend(bytes(len(buf)))
         with memoryview(buf) as view:
-            n = handle.readinto(view[filled:])
+            n = handle.readinto(view[filled : filled + int(min(len(buf) - filled, left))]) if left else 0
+        left -= n
         if not n:
             if filled:
                 if buf[filled - 1] != _NEWLINE:
@@ -924,17 +995,22 @@ def _marker_lines(buf: bytearray, end: int, marker: bytes, regex: re.Pattern[byt
 class _BlockScan:
     """The block reader: feeds a _Collector from a file's blocks, with the per-line reader's results."""
 
-    def __init__(self, out: _Collector, year: int):
+    def __init__(self, out: _Collector, year: int, *, commit_first: bool = True):
         self.out = out
         self.parser = _Parser(year)
         self.lines_before = 0  # lines in the blocks already read
         self.offset = 0  # bytes in the blocks already read
         self.line_starts = _LineStarts()
+        # Where the scan starts the file, its first timestamped line steps the year (commit_first); a part
+        # read elsewhere keeps that line's timestamp text for the reader of the whole file to commit.
+        self.commit_first = commit_first
+        self.first_text: str | None = None
+        self.parser.first_read = not commit_first
 
     def block(self, buf: bytearray, end: int) -> None:
         n_lines, env_starts = self.line_starts(buf, end)
         parser = self.parser
-        if not parser.first_read:
+        if self.first_text is None and (not parser.first_read or not self.commit_first):
             self._first_timestamp(buf, end)
         month = parser.timestamps.last_month
         spec_re, stats_re = _regexes(month, buf.find(b"\x1b", 0, end) >= 0)
@@ -1055,37 +1131,43 @@ class _BlockScan:
 
     # -- first and last timestamp -------------------------------------------------------------------
     def _first_timestamp(self, buf: bytearray, end: int) -> None:
-        """Read the first timestamped line's timestamp (it steps the year too), if this block holds it."""
+        """The first timestamped line's timestamp, if this block holds it: read (it steps the year too), or
+        kept as text where the scan does not start the file."""
+        timestamps = self.parser.timestamps
         for start, stop in _header_lines(buf, 0, end):
             if buf.startswith(_ENV_BYTES, start):
                 continue
             text = _header_stamp(buf[start:stop].decode("utf-8", errors="replace").rstrip("\r"))
-            if text is not None and (stamp := self.parser.timestamps(text)) is not None:
+            if text is None or timestamps.peek(text) is None:
+                continue
+            self.first_text = text
+            if self.commit_first:
                 self.parser.first_read = True
-                self.out.first = stamp
-                return
+                self.out.first = timestamps(text)
+            return
 
-    def last_timestamp(self, handle: BinaryIO) -> datetime | None:
-        """The timestamp of the last timestamped line, read backwards from the end of what was scanned."""
+    def last_text(self, handle: BinaryIO, start: int = 0) -> str | None:
+        """The timestamp text of the last timestamped line (a date in the year reached), read backwards from
+        the end of what was scanned down to `start` (the file offset the scan began at)."""
         chunk_size = 1 << 16
-        end = self.offset
+        end = start + self.offset
         carry = b""
-        while end > 0:
-            start = max(0, end - chunk_size)
-            handle.seek(start)
-            chunk = handle.read(end - start) + carry
-            cut = chunk.find(b"\n") + 1 if start else 0  # the first, partial line waits for the next chunk
-            if start and not cut:
-                carry, end = chunk, start
+        while end > start:
+            begin = max(start, end - chunk_size)
+            handle.seek(begin)
+            chunk = handle.read(end - begin) + carry
+            cut = chunk.find(b"\n") + 1 if begin > start else 0  # a partial first line waits for the next chunk
+            if begin > start and not cut:
+                carry, end = chunk, begin
                 continue
             lines = bytearray(chunk[cut:])
             for ls, le in reversed(list(_header_lines(lines, 0, len(lines)))):
                 if lines.startswith(_ENV_BYTES, ls):
                     continue
                 text = _header_stamp(lines[ls:le].decode("utf-8", errors="replace").rstrip("\r"))
-                if text is not None and (stamp := self.parser.timestamps.peek(text)) is not None:
-                    return stamp
-            carry, end = chunk[:cut], start
+                if text is not None and self.parser.timestamps.peek(text) is not None:
+                    return text
+            carry, end = chunk[:cut], begin
         return None
 
 
@@ -1171,9 +1253,125 @@ def _scan_file(source: str | Path, *, year: int | None, keep_records: bool, keep
             for buf, end in _read_blocks(handle, block_size or BLOCK_SIZE):
                 scan.block(buf, end)
             out.total_lines = scan.lines_before
-            out.last = scan.last_timestamp(handle) if out.first is not None else None
+            last = scan.last_text(handle) if out.first is not None else None
+            out.last = scan.parser.timestamps.peek(last) if last is not None else None
     except OSError as exc:
         raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    return out
+
+
+# --- one summary read by several processes --------------------------------------------------------------
+
+PARALLEL_MIN_BYTES = 64 << 20  # smaller logs are read in one process (starting others costs more)
+MAX_PROCESSES = 4
+
+
+@dataclass(slots=True)
+class _Part:
+    """What one process read of a byte range of a log (whole lines): its counts, and its timestamps as text and
+    months, for the reader of the whole file to put in order."""
+
+    lines: int
+    intervals: int
+    stats_lines: int
+    env_lines: int
+    broken_lines: int
+    broken: list[BrokenLine]  # line numbers counted from the range's first line
+    env: dict[str, str] | None
+    sums: _CountSums
+    first_text: str | None
+    last_text: str | None
+    months: list[int]
+    leap_day: bool
+
+
+def _scan_range(path: str, start: int, stop: int, year: int, keep_broken: int, block_size: int) -> _Part:
+    out = _Collector(path, keep_records=False, keep_broken=keep_broken)
+    scan = _BlockScan(out, year, commit_first=False)
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        for buf, end in _read_blocks(handle, block_size, limit=stop - start):
+            scan.block(buf, end)
+        last = scan.last_text(handle, start)
+    out.sums.flush()
+    timestamps = scan.parser.timestamps
+    return _Part(scan.lines_before, out.intervals, out.stats_lines, out.env_lines, out.broken_lines, out.broken,
+                 out.env, out.sums, scan.first_text, last, timestamps.months, timestamps.leap_day)
+
+
+def _ranges(path: Path, size: int, parts: int) -> list[tuple[int, int]]:
+    """Byte ranges of about equal size, each starting a line."""
+    starts = [0]
+    with path.open("rb") as handle:
+        for i in range(1, parts):
+            handle.seek(max(size * i // parts, starts[-1]))
+            handle.readline()  # to the end of the line the cut falls in
+            if handle.tell() >= size:
+                break
+            if handle.tell() > starts[-1]:
+                starts.append(handle.tell())
+    return list(zip(starts, [*starts[1:], size], strict=True))
+
+
+def _processes(size: int) -> int:
+    """How many processes to read a log of this size with: one for small logs, where fork is missing, or where
+    this process runs threads (forking them is unsafe); else one per CPU this process may use, up to 4."""
+    import multiprocessing
+    import os
+    import threading
+
+    if size < PARALLEL_MIN_BYTES or threading.active_count() > 1:
+        return 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_PROCESSES))
+
+
+def _summarise_parallel(path: Path, year: int, keep_broken: int, processes: int, block_size: int) -> _Collector | None:
+    """A summary read by `processes` processes, one byte range each, put together exactly as one reader would
+    have read it: counts added, line numbers shifted, sums exact (_CountSums), and the year stepped by
+    replaying, in order, the months each part read. None where a part read a 02-29 (valid or not depending on
+    the year the part could not know): the caller then reads the file in one process."""
+    import multiprocessing
+
+    size = path.stat().st_size
+    ranges = _ranges(path, size, processes)
+    if len(ranges) < 2:
+        return None
+    args = [(str(path), start, stop, year, keep_broken, block_size) for start, stop in ranges]
+    try:
+        with multiprocessing.get_context("fork").Pool(len(ranges) - 1) as pool:
+            pending = [pool.apply_async(_scan_range, a) for a in args[1:]]
+            parts = [_scan_range(*args[0]), *(p.get() for p in pending)]
+    except OSError as exc:
+        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    if any(part.leap_day for part in parts):
+        return None
+    out = _Collector(str(path), keep_records=False, keep_broken=keep_broken)
+    timestamps = _Timestamps(year)
+    last_text = None
+    for part in parts:
+        for broken in part.broken:
+            if len(out.broken) < keep_broken:
+                out.broken.append(dataclasses.replace(broken, line_no=broken.line_no + out.total_lines))
+        out.total_lines += part.lines
+        out.intervals += part.intervals
+        out.stats_lines += part.stats_lines
+        out.env_lines += part.env_lines
+        out.broken_lines += part.broken_lines
+        if out.env is None:
+            out.env = part.env
+        out.sums.merge(part.sums)
+        if out.first is None and part.first_text is not None:  # the file's first timestamped line
+            out.first = timestamps(part.first_text)
+        for month in part.months:
+            timestamps.replay(month)
+        last_text = part.last_text or last_text
+    out.last = timestamps.peek(last_text) if last_text is not None and out.first is not None else None
     return out
 
 
@@ -1197,7 +1395,7 @@ def intervals_frame(parsed: ParsedLog) -> pd.DataFrame:
     Columns: line_no, timestamp, timestamp_text, engine, al (the printed "Mean acceptance length"),
     accepted_tokens, draft_tokens, drafts (recovered, see recover_drafts), k, accepted_throughput,
     drafted_throughput, acceptance_rate (the printed "Avg Draft acceptance rate", a fraction),
-    accepted_pos_1 .. accepted_pos_K (accepted tokens at each position, counts, see position_counts; NaN
+    accepted_pos_1 .. accepted_pos_K (accepted tokens at each position, counts, see _Rows.counts; NaN
     past an interval's own k), then the joined stats line: stats_line_no, running, waiting,
     prompt_throughput, generation_throughput, kv_cache_usage.
 
@@ -1259,9 +1457,9 @@ def upgrade_intervals_frame(frame: pd.DataFrame) -> pd.DataFrame:
     drafted_tokens, num_speculative_tokens, avg_draft_acceptance_rate and per-position RATES
     acceptance_pos_0..) in the columns intervals_frame gives now; a frame in the new columns as it is.
 
-    Per-position counts come from the saved rates and drafts by position_counts, the rule the parser
-    itself applies (round(rate x drafts) below 1000 drafts); columns other than those renamed keep their
-    place and values.
+    Per-position counts come from the saved rates and drafts by _position_table, the rule the parser
+    itself applies to the rates it reads (round(rate x drafts) below 1000 drafts, else rate x drafts);
+    columns other than those renamed keep their place and values.
     """
     old_rates = sorted((int(m.group(1)), c) for c in frame.columns if (m := _OLD_RATE_RE.match(str(c))))
     if not old_rates and not any(c in frame.columns for c in _OLD_COLUMNS):
@@ -1272,17 +1470,14 @@ def upgrade_intervals_frame(frame: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     rate_columns = [c for _, c in old_rates]
-    counts: list[list[float]] = []
-    if rate_columns:
-        rates = frame[rate_columns].to_numpy(dtype=float, na_value=math.nan)
-        drafts = frame["drafts"].to_numpy(dtype=float, na_value=math.nan)
-        counts = [position_counts(list(r), d) for r, d in zip(rates, drafts, strict=True)]
     new_pos = {c: position_column(p + 1) for p, c in old_rates}
+    if rate_columns:  # the rule the parser applies to the rates it reads (NaN where no rate was saved)
+        counts = _position_table(frame[rate_columns].to_numpy(dtype=float, na_value=math.nan),
+                                 frame["drafts"].to_numpy(dtype=float, na_value=math.nan))
     columns: dict[str, Any] = {}
     for c in frame.columns:
         if c in new_pos:
-            p = rate_columns.index(c)
-            columns[new_pos[c]] = pd.Series([float(row[p]) for row in counts], index=frame.index, dtype="float64")
+            columns[new_pos[c]] = pd.Series(counts[:, rate_columns.index(c)], index=frame.index, dtype="float64")
         else:
             columns[_OLD_COLUMNS.get(c, c)] = frame[c]
     return pd.DataFrame(columns, index=frame.index)
