@@ -79,6 +79,35 @@ class Engine(Protocol):
         ...
 
 
+LOOPBACK = "127.0.0.1"  # every server specbook launches listens on this machine only
+
+
+def loopback_spec(engine: Engine, cfg: EngineConfig, *, name: str, log_path: Path, port: int, argv: list[str],
+                  env: dict[str, str], unset_env: list[str] | None = None) -> ServerSpec:
+    """The ServerSpec every adapter builds: its argv and env, served on loopback, ready by its paths
+    (the adapter's `health_path` / `models_path`, the OpenAI-compatible ones where it names none)."""
+    from specbook.server import ServerSpec
+
+    return ServerSpec(
+        name=name, argv=argv, env=env, unset_env=unset_env or [], host=LOOPBACK, port=port,
+        health_path=getattr(engine, "health_path", "/health"), models_path=getattr(engine, "models_path", "/v1/models"),
+        ready_timeout_s=cfg.ready_timeout_s,
+        log_path=log_path, model_name=cfg.client_model_name(),
+    )
+
+
+def server_json_field(base_url: str, path: str, field: str) -> str:
+    """A field of a JSON document the server serves (GET base_url/path), or why it could not be read."""
+    import httpx
+
+    try:
+        resp = httpx.get(f"{base_url.rstrip('/')}{path}", timeout=5.0, trust_env=False)
+        resp.raise_for_status()
+        return str(resp.json().get(field))
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"unavailable ({type(exc).__name__})"
+
+
 def is_embedded_name(model: str) -> bool:
     """True for a name `specbook models prepare` makes (specbook.models.EMBEDDED_MODELS)."""
     from specbook.models import EMBEDDED_MODELS

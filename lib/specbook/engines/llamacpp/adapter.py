@@ -25,11 +25,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from specbook.digest import sha256_bytes, sha256_file
 from specbook.engines import register_engine
-from specbook.engines.base import EngineConfig, dist_version
+from specbook.engines.base import LOOPBACK, EngineConfig, dist_version, loopback_spec, server_json_field
 from specbook.errors import EngineError
 from specbook.server import ServerSpec
 
@@ -182,25 +180,14 @@ class LlamaCppEngine:
         return argv + list(cfg.extra_args)
 
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
-        host = "127.0.0.1"
-        argv = self.build_argv(cfg, host=host, port=port)
+        argv = self.build_argv(cfg, host=LOOPBACK, port=port)
         env = dict(cfg.env)
         override = binary_override()
         if override is not None and "LD_LIBRARY_PATH" not in env:
             env["LD_LIBRARY_PATH"] = _library_path(override)
-        return ServerSpec(
-            name=name,
-            argv=argv,
-            env=env,
-            unset_env=sorted(k for k in os.environ if k.startswith("LLAMA_ARG_") and k not in cfg.env),
-            host=host,
-            port=port,
-            health_path=self.health_path,
-            models_path=self.models_path,
-            ready_timeout_s=cfg.ready_timeout_s,
-            log_path=log_path,
-            model_name=cfg.client_model_name(),
-        )
+        # llama-server reads LLAMA_ARG_* as flags: a stray one in the parent would change the run unseen
+        unset = sorted(k for k in os.environ if k.startswith("LLAMA_ARG_") and k not in cfg.env)
+        return loopback_spec(self, cfg, name=name, log_path=log_path, port=port, argv=argv, env=env, unset_env=unset)
 
     def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
         """Package version and binary/library sha256 (the package reports `build 0`); with a URL, /props."""
@@ -223,13 +210,7 @@ class LlamaCppEngine:
                 versions["llama_server_sha256"] = sha256_file(binary)
                 versions["llama_libs_sha256"] = libraries_sha256(binary.parent)
         if base_url:
-            try:
-                resp = httpx.get(f"{base_url.rstrip('/')}/props", timeout=5.0, trust_env=False)
-                resp.raise_for_status()
-                props = resp.json()
-                versions["server_build_info"] = str(props.get("build_info"))
-            except (httpx.HTTPError, ValueError) as exc:
-                versions["server_build_info"] = f"unavailable ({type(exc).__name__})"
+            versions["server_build_info"] = server_json_field(base_url, "/props", "build_info")
         return versions
 
 

@@ -8,10 +8,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from specbook.engines import register_engine
-from specbook.engines.base import EngineConfig, dist_version, resolve_model, torch_cuda_version
+from specbook.engines.base import (
+    LOOPBACK,
+    EngineConfig,
+    dist_version,
+    loopback_spec,
+    resolve_model,
+    server_json_field,
+    torch_cuda_version,
+)
 from specbook.errors import EngineError
 from specbook.server import ServerSpec
 
@@ -87,19 +93,8 @@ class VllmEngine:
         return env
 
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
-        host = "127.0.0.1"
-        return ServerSpec(
-            name=name,
-            argv=self.build_argv(cfg, host=host, port=port),
-            env=self.build_env(cfg),
-            host=host,
-            port=port,
-            health_path=self.health_path,
-            models_path=self.models_path,
-            ready_timeout_s=cfg.ready_timeout_s,
-            log_path=log_path,
-            model_name=cfg.client_model_name(),
-        )
+        argv = self.build_argv(cfg, host=LOOPBACK, port=port)
+        return loopback_spec(self, cfg, name=name, log_path=log_path, port=port, argv=argv, env=self.build_env(cfg))
 
     def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
         """Versions in the launching environment (no heavy imports) and, given a URL, the server's /version."""
@@ -118,12 +113,7 @@ class VllmEngine:
         if "torch" in versions:
             versions["cuda"] = torch_cuda_version() or "none"
         if base_url:
-            try:
-                resp = httpx.get(f"{base_url.rstrip('/')}/version", timeout=5.0, trust_env=False)
-                resp.raise_for_status()
-                versions["server_vllm"] = str(resp.json().get("version"))
-            except (httpx.HTTPError, ValueError) as exc:
-                versions["server_vllm"] = f"unavailable ({type(exc).__name__})"
+            versions["server_vllm"] = server_json_field(base_url, "/version", "version")
         return versions
 
     def spec_decode_delta(
