@@ -210,10 +210,10 @@ def main() -> int:
           f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
     print(f"{'':24}{'wall s':>8}{'MB/s':>8}{'CPU s':>8}{'MB/s CPU':>10}")
     print(f"{'grep -c':24}{g_wall:8.3f}{size / g_wall:8.0f}{g_cpu:8.3f}{size / g_cpu:10.0f}")
-    from specbook.engines.vllm.logparse import _processes
+    from specbook.engines.vllm.blockscan import processes_for
 
     print(f"{'specbook ingest_file':24}{i_wall:8.3f}{size / i_wall:8.0f}{i_cpu:8.3f}{size / i_cpu:10.0f}"
-          f"   ({_processes(int(size * 1e6))} processes)")
+          f"   ({processes_for(int(size * 1e6))} processes)")
     print(f"{'  in one process':24}{o_wall:8.3f}{size / o_wall:8.0f}{o_cpu:8.3f}{size / o_cpu:10.0f}")
     if args.cli:
         c_wall, c_cpu = time_cli(args.file, args.repeat)

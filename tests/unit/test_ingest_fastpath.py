@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.engines.vllm import logparse
+from specbook.engines.vllm import blockscan, logparse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ALL_FIXTURE_LOGS = sorted([*FIXTURES.glob("logs/*.log"), *FIXTURES.glob("logs/knob_ab/*.log"),
@@ -48,7 +48,7 @@ def _assert_same(path: Path, monkeypatch, block_sizes=(None, 4096, 97)) -> logpa
     expected = _per_line(path)
     for size in block_sizes:
         if size:
-            monkeypatch.setattr(logparse, "BLOCK_SIZE", size)
+            monkeypatch.setattr(blockscan, "BLOCK_SIZE", size)
         fast = logparse.parse_log(path, year=YEAR, keep_broken=10**6)
         assert fast.path == str(path)
         for f in dataclasses.fields(logparse.ParsedLog):
@@ -245,8 +245,8 @@ def test_a_leap_day_is_read_in_one_process(tmp_path, monkeypatch):
     lines = [re.sub(rb"\d\d-\d\d (\d\d:\d\d:\d\d)", b"02-29 \\1", line) for line in _lines(NGRAM)]
     path = _write(tmp_path, "leap.log", lines)
     calls = []
-    parallel = logparse._summarise_parallel
-    monkeypatch.setattr(logparse, "_summarise_parallel", lambda *a: calls.append(parallel(*a)) or calls[-1])
+    parallel = blockscan.summarise_parallel
+    monkeypatch.setattr(blockscan, "summarise_parallel", lambda *a: calls.append(parallel(*a)) or calls[-1])
     for year in (2028, 2027):  # a leap year, and one where 02-29 is no date
         expected = logparse.parse_log(_per_line_lines(path), year=year)
         summary = logparse.summarise_log(path, year=year, processes=2)
@@ -260,10 +260,10 @@ def _per_line_lines(path: Path) -> list[str]:
 
 
 def test_large_logs_are_read_by_several_processes_where_the_machine_has_cpus(monkeypatch):
-    monkeypatch.setattr(logparse, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(blockscan, "PARALLEL_MIN_BYTES", 1)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
     monkeypatch.setattr("threading.active_count", lambda: 1)
-    assert logparse._processes(10) == logparse.MAX_PROCESSES
-    assert logparse._processes(0) == 1
+    assert blockscan.processes_for(10) == blockscan.MAX_PROCESSES
+    assert blockscan.processes_for(0) == 1
     monkeypatch.setattr("threading.active_count", lambda: 3)  # forking a process that runs threads is unsafe
-    assert logparse._processes(10) == 1
+    assert blockscan.processes_for(10) == 1
