@@ -199,3 +199,16 @@ def test_cross_engine_golden_figures_are_unchanged(tmp_path):
     assert_matches(r.pins, old["pins_table"], "pins")
     assert_matches(r.weights, old["weights_table"], "weights")
     assert r.flagged_reasons == old["flagged_reasons"]
+
+
+def test_knob_ab_golden_reanalyses_where_no_model_is_prepared(tmp_path, monkeypatch):
+    """A run folder read on another host (no prepared models, another cache path) attributes and judges the same."""
+    monkeypatch.setenv("SPECBOOK_CACHE", str(tmp_path / "empty-cache"))
+    folder = _folder("knob_ab", tmp_path)
+    old = _expected("knob_ab")
+    params = knob_ab.load_params_file(str(folder / "params.yaml"))
+    r = knob_ab.analyze(knob_ab.load(RunContext.from_run_dir(folder)), params)
+    assert not (tmp_path / "empty-cache" / "models").exists()
+    assert_matches(r.attribution.table, old["attribution"], "attribution")
+    assert [(v.arm, v.baseline, v.conclusion) for v in r.decision.verdicts] == [
+        (v["arm"], v["baseline"], v["conclusion"]) for v in old["verdicts"]]

@@ -11,7 +11,7 @@ from specbook import attribution
 from specbook.arms import ARM_JOIN, Arm
 from specbook.engines import get_engine
 from specbook.engines.base import EngineConfig
-from specbook.errors import ExperimentError
+from specbook.errors import ExperimentError, ModelNotPreparedError
 from specbook.experiments.knob_ab.params import KnobABParams
 
 
@@ -53,7 +53,14 @@ def arm_signatures(params: KnobABParams) -> tuple[dict[str, attribution.ArmSigna
     specs = {}
     for arm in arms:
         cfg = _arm_config(arm, params)
-        specs[arm.name] = get_engine(cfg.engine).build_spec(cfg, name="sig", log_path=Path("sig.log"), port=1)
+        try:
+            spec = get_engine(cfg.engine).build_spec(cfg, name="sig", log_path=Path("sig.log"), port=1)
+        except ModelNotPreparedError:
+            # re-analysing a run where its embedded models are not prepared (another host): attribution
+            # compares embedded models by name, so a stand-in folder named after each does as well
+            spec = get_engine(cfg.engine).build_spec(_embedded_by_name(cfg), name="sig", log_path=Path("sig.log"),
+                                                     port=1)
+        specs[arm.name] = spec
     opts = {name: attribution.parse_argv_options(s.argv) for name, s in specs.items()}
     all_keys = sorted({k for o in opts.values() for k in o})
     arg_keys = [
@@ -63,6 +70,19 @@ def arm_signatures(params: KnobABParams) -> tuple[dict[str, attribution.ArmSigna
         name: attribution.ArmSignature.from_launch(s.env, s.argv, env_keys, arg_keys) for name, s in specs.items()
     }
     return sigs, env_keys, arg_keys
+
+
+def _embedded_by_name(cfg: EngineConfig) -> EngineConfig:
+    """The config with each embedded model name as a folder path ending in that name (never launched)."""
+    from specbook.models.catalog import EMBEDDED_MODELS
+
+    def stand_in(name: object) -> object:
+        return f"unprepared-embedded-models/{name}" if name in EMBEDDED_MODELS else name
+
+    spec = dict(cfg.speculative_config or {}) or None
+    if spec and "model" in spec:
+        spec["model"] = stand_in(spec["model"])
+    return cfg.model_copy(update={"model": stand_in(cfg.model), "speculative_config": spec})
 
 
 def attribute_runs(runs: pd.DataFrame, params: KnobABParams) -> pd.DataFrame:
