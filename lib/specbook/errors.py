@@ -37,6 +37,10 @@ class ServerStartError(ServerError):
     """The server died or did not become ready in time."""
 
 
+class ServerDiedError(ServerError):
+    """The server process ended while work was in flight (a crash, the OOM killer, a kill)."""
+
+
 class ServerTeardownError(ServerError):
     """Processes of the server survived teardown."""
 

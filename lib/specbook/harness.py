@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.acceptance import Acceptance
-from specbook.errors import RunError
+from specbook.errors import ClientError, RunError, ServerDiedError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +140,19 @@ class Server:
                            f"{resp.text[:300]}")
         return resp.json()
 
+    def _check_alive(self, records: Sequence[RequestRecord]) -> None:
+        """A server that died during the window is named as such (how it ended, its log tail), not left to
+        surface as failed requests or a refused /metrics scrape."""
+        ended = self.managed.exit_description()
+        if ended is None:
+            return
+        failed = sum(1 for r in records if r.error is not None)
+        raise ServerDiedError(
+            f"server {self.name!r} (pid {self.managed.pid}) died during the measured window: {ended}; "
+            f"{failed} of {len(records)} requests failed",
+            log_path=str(self.log_path), log_tail=self.managed.log_tail(),
+        )
+
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0) -> Window:
         """Snapshot, requests, wait `flush_wait_s` (the engine writes its last log interval), snapshot."""
         from specbook.client import run_requests_sync
@@ -148,9 +161,14 @@ class Server:
         log_start = log_size(self.log_path)
         before = scrape(self.base_url)
         t0 = time.monotonic()
-        records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
-                                    progress=False, desc=self.name)
+        try:
+            records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
+                                        progress=False, desc=self.name)
+        except ClientError as exc:  # every request failed: a dead server is the cause to name, if it is one
+            self._check_alive(getattr(exc, "records", []))
+            raise
         wall = time.monotonic() - t0
+        self._check_alive(records)
         if flush_wait_s > 0:
             time.sleep(flush_wait_s)
         after = scrape(self.base_url)
@@ -166,12 +184,10 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
     The record (servers.jsonl) carries argv, redacted env, versions, times, start-up facts from the log
     and how the unit ended: "ok", "failed" with the error, or "interrupted" (Ctrl-C, SIGTERM).
     """
-    from specbook.engines import get_engine
-    from specbook.server import ManagedServer, free_port
+    from specbook.engines import get_engine, launch
 
     engine = get_engine(cfg.engine)
-    spec = engine.build_spec(cfg, name=name, log_path=run.log_path(name), port=free_port())
-    managed = ManagedServer(spec)
+    managed = launch(cfg, name=name, log_path=run.log_path(name))
     versions: dict[str, str] = {"engine": engine.name}
     status, error = "ok", None
     try:

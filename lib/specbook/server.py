@@ -176,6 +176,18 @@ class ManagedServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_description(self) -> str | None:
+        """How the server process ended ("exit code 1", "killed by SIGKILL"); None while it runs."""
+        code = self._proc.poll() if self._proc is not None else None
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         if self._log_fh:
             self._log_fh.flush()

@@ -41,7 +41,8 @@ def list_engines() -> list[str]:
 
 
 def launch(cfg: EngineConfig, *, name: str, log_path: Path, port: int | None = None) -> ManagedServer:
-    """A ManagedServer for `cfg`, not yet started: use as `with launch(cfg, ...) as srv:`."""
+    """A ManagedServer for `cfg`, not yet started (`with launch(cfg, ...) as srv:`). Experiments go through
+    specbook.harness.serve, which wraps this with version probing, the server record and measurement."""
     engine = get_engine(cfg.engine)
     spec = engine.build_spec(cfg, name=name, log_path=Path(log_path), port=port or free_port())
     return ManagedServer(spec)
