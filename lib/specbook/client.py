@@ -160,17 +160,28 @@ async def _post_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: 
     _apply_usage(rec, body.get("usage"))
 
 
+STALLED = "Stalled"  # error prefix of requests not sent because an earlier one got no token in time
+
+
 async def _run_one(
-    http: httpx.AsyncClient, sem: asyncio.Semaphore, req: ChatRequest, model: str, stream: bool
+    http: httpx.AsyncClient, sem: asyncio.Semaphore, req: ChatRequest, model: str, stream: bool,
+    stalled: asyncio.Event,
 ) -> RequestRecord:
     async with sem:
         rec = RequestRecord(prompt_id=req.prompt_id, started_at=time.time())
         t0 = time.perf_counter()
+        if stalled.is_set():  # the server stopped answering: do not wait the stall bound once per request
+            rec.error = f"{STALLED}: not sent, an earlier request received no token within the stall bound"
+            rec.wall_s = 0.0
+            return rec
         try:
             if stream:
                 await _stream_one(http, req, model, rec, t0)
             else:
                 await _post_one(http, req, model, rec)
+        except httpx.ReadTimeout as exc:
+            stalled.set()
+            rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         except (httpx.HTTPError, ClientError, ValueError, KeyError, TypeError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         rec.wall_s = time.perf_counter() - t0
@@ -186,10 +197,16 @@ async def run_requests(
     concurrency: int = 8,
     stream: bool = True,
     timeout_s: float = 600,
+    stall_timeout_s: float | None = None,
     progress: bool = True,
     desc: str | None = None,
 ) -> list[RequestRecord]:
-    """Send `requests` with at most `concurrency` in flight; records come back in input order."""
+    """Send `requests` with at most `concurrency` in flight; records come back in input order.
+
+    `timeout_s` bounds connecting and a whole non-streamed response; `stall_timeout_s` (default: the same)
+    bounds the wait for the next bytes of a response: a streamed request that receives no token for that
+    long fails with ReadTimeout instead of waiting on a server that stopped making progress.
+    """
     if concurrency < 1:
         raise ClientError(f"concurrency must be >= 1, got {concurrency}")
     if not requests:
@@ -198,9 +215,11 @@ async def run_requests(
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     # trust_env=False: a proxy from the environment must not sit between us and a local server.
     async with httpx.AsyncClient(
-        base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False
+        base_url=base_url.rstrip("/"), limits=limits, trust_env=False,
+        timeout=httpx.Timeout(timeout_s, read=stall_timeout_s if stall_timeout_s is not None else timeout_s),
     ) as http:
-        tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream)) for r in requests]
+        stalled = asyncio.Event()
+        tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream, stalled)) for r in requests]
         with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
             for fut in asyncio.as_completed(tasks):
                 rec = await fut
@@ -224,8 +243,12 @@ def run_requests_sync(base_url: str, model: str, requests: Sequence[ChatRequest]
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(run_requests(*coro_args, **kwargs))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specbook-client") as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specbook-client")
+    try:
         return pool.submit(lambda: asyncio.run(run_requests(*coro_args, **kwargs))).result()
+    finally:
+        # Ctrl-C must not wait for the worker: it ends by itself once the server's connections close
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def records_frame(records: Sequence[RequestRecord]):

@@ -41,6 +41,10 @@ class ServerDiedError(ServerError):
     """The server process ended while work was in flight (a crash, the OOM killer, a kill)."""
 
 
+class ServerHungError(ServerError):
+    """The server process lives but stopped making progress (no token for the stall bound)."""
+
+
 class ServerTeardownError(ServerError):
     """Processes of the server survived teardown."""
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.acceptance import Acceptance
-from specbook.errors import ClientError, RunError, ServerDiedError
+from specbook.client import STALLED
+from specbook.errors import ClientError, RunError, ServerDiedError, ServerHungError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
     from specbook.metrics import CounterDelta
     from specbook.runstore import RunContext
     from specbook.server import ManagedServer
+
+
+# A streamed request that receives no token for this long fails, and its window with it: a hung server
+# costs a minute, not the client's whole-request timeout (600 s) per request.
+STALL_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -140,21 +146,35 @@ class Server:
                            f"{resp.text[:300]}")
         return resp.json()
 
-    def _check_alive(self, records: Sequence[RequestRecord]) -> None:
-        """A server that died during the window is named as such (how it ended, its log tail), not left to
-        surface as failed requests or a refused /metrics scrape."""
+    def _check_alive(self, records: Sequence[RequestRecord], stall_timeout_s: float) -> None:
+        """A server that died or hung during the window is named as such (how it ended or that it stopped,
+        its log tail), not left to surface as failed requests or a refused /metrics scrape."""
+        failed = [r for r in records if r.error is not None]
         ended = self.managed.exit_description()
-        if ended is None:
-            return
-        failed = sum(1 for r in records if r.error is not None)
-        raise ServerDiedError(
-            f"server {self.name!r} (pid {self.managed.pid}) died during the measured window: {ended}; "
-            f"{failed} of {len(records)} requests failed",
-            log_path=str(self.log_path), log_tail=self.managed.log_tail(),
-        )
+        if ended is not None:
+            raise ServerDiedError(
+                f"server {self.name!r} (pid {self.managed.pid}) died during the measured window: {ended}; "
+                f"{len(failed)} of {len(records)} requests failed",
+                log_path=str(self.log_path), log_tail=self.managed.log_tail(),
+            )
+        stalled = [r for r in failed if (r.error or "").startswith(("ReadTimeout", STALLED))]
+        if stalled:
+            stopped = self.managed.stopped_processes()
+            state = (f"its processes are stopped by the OS ({', '.join(stopped)})" if stopped
+                     else "its process is alive but answered nothing")
+            raise ServerHungError(
+                f"server {self.name!r} (pid {self.managed.pid}) stopped making progress: {len(stalled)} of "
+                f"{len(records)} requests received no token for {stall_timeout_s:g} s (measure's stall_timeout_s); "
+                f"{state}",
+                log_path=str(self.log_path), log_tail=self.managed.log_tail(),
+            )
 
-    def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0) -> Window:
-        """Snapshot, requests, wait `flush_wait_s` (the engine writes its last log interval), snapshot."""
+    def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,
+                stall_timeout_s: float = STALL_TIMEOUT_S) -> Window:
+        """Snapshot, requests, wait `flush_wait_s` (the engine writes its last log interval), snapshot.
+
+        A request that receives no token for `stall_timeout_s` fails; a window whose server died or hung
+        raises ServerDiedError / ServerHungError naming it, within that bound."""
         from specbook.client import run_requests_sync
         from specbook.metrics import scrape
 
@@ -163,12 +183,12 @@ class Server:
         t0 = time.monotonic()
         try:
             records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
-                                        progress=False, desc=self.name)
-        except ClientError as exc:  # every request failed: a dead server is the cause to name, if it is one
-            self._check_alive(getattr(exc, "records", []))
+                                        stall_timeout_s=stall_timeout_s, progress=False, desc=self.name)
+        except ClientError as exc:  # every request failed: a dead or hung server is the cause to name
+            self._check_alive(getattr(exc, "records", []), stall_timeout_s)
             raise
         wall = time.monotonic() - t0
-        self._check_alive(records)
+        self._check_alive(records, stall_timeout_s)
         if flush_wait_s > 0:
             time.sleep(flush_wait_s)
         after = scrape(self.base_url)

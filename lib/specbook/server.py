@@ -176,6 +176,17 @@ class ManagedServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def stopped_processes(self) -> list[str]:
+        """This server's processes the OS has stopped (state T: SIGSTOP, a debugger), described."""
+        out = []
+        for p in self._descendants() if self._proc is not None else []:
+            try:
+                if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    out.append(f"pid {p.pid} ({p.name()})")
+            except psutil.Error:
+                continue
+        return out
+
     def exit_description(self) -> str | None:
         """How the server process ended ("exit code 1", "killed by SIGKILL"); None while it runs."""
         code = self._proc.poll() if self._proc is not None else None
@@ -341,6 +352,8 @@ class ManagedServer:
             procs = self._descendants()
             if procs:
                 self._signal_all(signal.SIGTERM, procs)
+                # a stopped (SIGSTOP, a hung debugger) process holds SIGTERM until it runs again
+                self._signal_all(signal.SIGCONT, procs)
                 procs = self._wait_gone(term_grace_s)
             if procs:
                 self._signal_all(signal.SIGKILL, procs)

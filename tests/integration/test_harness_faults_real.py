@@ -17,7 +17,7 @@ import pytest
 from specbook import harness
 from specbook.client import ChatRequest
 from specbook.engines import EngineConfig
-from specbook.errors import ServerDiedError
+from specbook.errors import ServerDiedError, ServerHungError
 from specbook.models import TARGET
 from specbook.runstore import RunContext
 
@@ -56,3 +56,73 @@ def test_a_server_killed_mid_window_is_named_recorded_and_gone(tmp_path):
     assert record.status == "failed" and "ServerDiedError" in (record.error or "")
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     print(f"\n[fault] SIGKILL mid-window: error raised {detected_s:.2f} s after the kill (teardown and record included)")
+
+
+def _serve_and_measure(run: RunContext, name: str, during, **measure_kwargs):
+    """Serve llama-server through the harness, call during(server) 1.5 s into a measured window."""
+    cfg = EngineConfig(engine="llamacpp", model=TARGET, served_model_name="smollm2", max_num_seqs=1,
+                       extra_args=["-t", "2"])
+    requests = [ChatRequest(prompt_id=f"p{i}", messages=[{"role": "user", "content": PROMPT}], max_tokens=400)
+                for i in range(4)]
+    seen: dict[str, object] = {}
+    with harness.serve(cfg, run, name) as server:
+        seen["pids"] = [p.pid for p in psutil.Process(server.managed.pid).children(recursive=True)] + [
+            server.managed.pid]
+
+        def act() -> None:
+            seen["acted_at"] = time.monotonic()
+            during(server)
+
+        timer = threading.Timer(1.5, act)
+        timer.start()
+        try:
+            server.measure(requests, concurrency=1, **measure_kwargs)
+        finally:
+            timer.cancel()
+    return seen
+
+
+def _none_left(pids) -> bool:
+    return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_server_stopped_mid_window_fails_the_unit_within_the_stall_bound(tmp_path):
+    run = RunContext(tmp_path / "run")
+    seen: dict[str, object] = {}
+
+    def stop(server) -> None:
+        seen["pids"] = [p.pid for p in psutil.Process(server.managed.pid).children(recursive=True)] + [
+            server.managed.pid]
+        seen["stopped_at"] = time.monotonic()
+        os.kill(server.managed.pid, signal.SIGSTOP)
+
+    with pytest.raises(ServerHungError) as err:
+        _serve_and_measure(run, "hung", stop, stall_timeout_s=5)
+    took = time.monotonic() - seen["stopped_at"]
+    message = str(err.value)
+    assert "stopped making progress" in message and "no token for 5 s" in message, message
+    assert "stopped by the OS" in message, message
+    (record,) = run.servers()
+    assert record.status == "failed" and "ServerHungError" in (record.error or "")
+    assert _none_left(seen["pids"]) and 5 <= took < 45, took
+    print(f"\n[fault] SIGSTOP mid-window, stall bound 5 s: failed and torn down {took:.1f} s after the stop")
+
+
+def test_ctrl_c_while_the_server_hangs_stops_it_and_records_the_interrupt(tmp_path):
+    run = RunContext(tmp_path / "run")
+    main = threading.main_thread().ident
+    times: dict[str, float] = {}
+
+    def stop_then_interrupt(server) -> None:
+        os.kill(server.managed.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        times["interrupt"] = time.monotonic()
+        signal.pthread_kill(main, signal.SIGINT)  # what Ctrl-C delivers to the runner
+
+    with pytest.raises(KeyboardInterrupt):
+        _serve_and_measure(run, "hung-interrupted", stop_then_interrupt, stall_timeout_s=600)
+    took = time.monotonic() - times["interrupt"]
+    (record,) = run.servers()
+    assert record.status == "interrupted"
+    assert took < 45, f"Ctrl-C took {took:.1f} s to stop a hung server"
+    print(f"\n[fault] Ctrl-C with the server stopped: out and torn down in {took:.1f} s")
