@@ -282,6 +282,7 @@ class ManagedServer:
             try:
                 resp = http.get(path)
                 if resp.status_code == 200:
+                    self._check_it_is_ours(path, resp)
                     return
                 last = f"HTTP {resp.status_code}"
             except httpx.HTTPError as exc:
@@ -294,6 +295,43 @@ class ManagedServer:
                     log_tail=self.log_tail(),
                 )
             time.sleep(_POLL_S)
+
+    def _port_owner(self) -> psutil.Process | None:
+        """The process listening on this server's port (None when the OS does not say)."""
+        try:
+            conns = psutil.net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            return None
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.spec.port and c.pid:
+                try:
+                    return psutil.Process(c.pid)
+                except psutil.Error:
+                    return None
+        return None
+
+    def _check_it_is_ours(self, path: str, resp: httpx.Response) -> None:
+        """Readiness answered by this server, not by another process that holds (or took) the port: the
+        listener must be one of our processes, and the model list must name the model we serve."""
+        owner = self._port_owner()
+        if owner is not None and owner.pid not in {p.pid for p in self._descendants()}:
+            raise ServerStartError(
+                f"server {self.name!r}: port {self.spec.port} is served by another process, pid {owner.pid} "
+                f"({_describe([owner])}), not by this server (pid {self.pid}); it was taken between choosing and "
+                "binding it, or another runner's server answers there",
+                log_path=str(self.log_path), log_tail=self.log_tail(),
+            )
+        if path == self.spec.models_path and self.spec.model_name:
+            try:
+                served = {m.get("id") for m in resp.json().get("data", [])}
+            except (ValueError, AttributeError):
+                served = set()
+            if self.spec.model_name not in served:
+                raise ServerStartError(
+                    f"server {self.name!r}: {self.base_url}{path} serves {sorted(str(m) for m in served) or 'no model'}, "
+                    f"not {self.spec.model_name!r}: another server answers on port {self.spec.port}",
+                    log_path=str(self.log_path), log_tail=self.log_tail(),
+                )
 
     def _descendants(self) -> list[psutil.Process]:
         """Every live process of this server: the tree under the root, its session, and marker holders."""

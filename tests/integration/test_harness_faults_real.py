@@ -126,3 +126,38 @@ def test_ctrl_c_while_the_server_hangs_stops_it_and_records_the_interrupt(tmp_pa
     assert record.status == "interrupted"
     assert took < 45, f"Ctrl-C took {took:.1f} s to stop a hung server"
     print(f"\n[fault] Ctrl-C with the server stopped: out and torn down in {took:.1f} s")
+
+
+def test_readiness_answered_by_another_process_on_the_port_is_refused(tmp_path):
+    """Another process (here the healthy stub: /health and /v1/models answer 200) holds the port a vLLM server
+    was given: while vLLM loads (it binds last), the stub's answers must not count as our server being ready."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specbook.engines import get_engine
+    from specbook.errors import ServerStartError
+    from specbook.server import ManagedServer, free_port
+
+    stub_py = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
+    port = free_port()
+    squatter = subprocess.Popen([sys.executable, str(stub_py), "--mode", "healthy", "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                      for c in psutil.net_connections(kind="tcp")):
+            assert time.monotonic() < deadline and squatter.poll() is None, "the stub never listened"
+            time.sleep(0.1)
+        cfg = EngineConfig(engine="vllm", model=TARGET, served_model_name="smollm2")
+        spec = get_engine("vllm").build_spec(cfg, name="late", log_path=tmp_path / "late.log", port=port)
+        server = ManagedServer(spec)
+        with pytest.raises(ServerStartError) as err:
+            with server:
+                pass
+        message = str(err.value)
+        assert f"port {port} is served by another process, pid {squatter.pid}" in message, message
+        assert server.surviving_pids() == [] and squatter.poll() is None  # ours torn down, theirs untouched
+    finally:
+        squatter.kill()
+        squatter.wait(10)
