@@ -4,6 +4,9 @@ The params file says what a run was meant to be; the `Env:` line in the server l
 recorded at launch say what it was. Only knob-relevant env keys and args are compared (other env
 such as ports or paths differs between every run), and JSON-valued args (--speculative-config) are
 compared as parsed JSON, so key order and spacing do not matter.
+
+Recorded launches have their secrets hidden (specbook.secrets), so both sides are compared redacted: a knob
+whose value is a secret matches as ***, whatever the secret was.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from specbook import secrets
 from specbook.errors import AttributionError
 
 FLAG_SET = True  # value recorded for a flag given without a value (e.g. --enforce-eager)
@@ -172,18 +176,35 @@ class Attribution:
         return self.arm
 
 
+def _redacted_env(env: Mapping[str, str], keys: list[str]) -> dict[str, str]:
+    return secrets.redact_env({k: env[k] for k in keys if k in env})
+
+
+def _redacted_option(flag: str, value: Any) -> Any:
+    """An option's value as a recorded (redacted) argv shows it: the same rules as secrets.redact_argv."""
+    if value is None or value is FLAG_SET:
+        return value
+    if secrets.is_secret_name(flag.lstrip("-")):
+        return secrets.REDACTED
+    if isinstance(value, (dict, list)):
+        return secrets.redact_data(value)
+    return secrets.redact_option_value(str(value))
+
+
 def _observed(
     env: Mapping[str, str], argv: Sequence[str], env_keys: list[str], arg_keys: list[str]
 ) -> dict[str, Any]:
     opts = parse_argv_options(argv)
+    env = _redacted_env(env, env_keys)
     out: dict[str, Any] = {f"env:{k}": env.get(k) for k in env_keys}
-    out.update({f"arg:{k}": opts.get(k) for k in arg_keys})
+    out.update({f"arg:{k}": _redacted_option(k, opts.get(k)) for k in arg_keys})
     return out
 
 
 def _expected(sig: ArmSignature, env_keys: list[str], arg_keys: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {f"env:{k}": sig.env.get(k) for k in env_keys}
-    out.update({f"arg:{k}": sig.args.get(k) for k in arg_keys})
+    env = _redacted_env(sig.env, env_keys)
+    out: dict[str, Any] = {f"env:{k}": env.get(k) for k in env_keys}
+    out.update({f"arg:{k}": _redacted_option(k, sig.args.get(k)) for k in arg_keys})
     return out
 
 

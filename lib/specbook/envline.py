@@ -18,7 +18,7 @@ def format_env_line(env: dict[str, str]) -> str:
     """
     parts = []
     for key in sorted(env):
-        if not key or "=" in key or any(c.isspace() for c in key):
+        if "=" in key or shlex.quote(key) != key:  # empty, or characters the shell would read otherwise
             raise ValueError(f"env key {key!r} cannot be written on an Env line")
         value = str(env[key]).replace("\r", "\\r").replace("\n", "\\n")
         parts.append(f"{key}={shlex.quote(value)}")

@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from specbook import dotted as dotted_path
@@ -77,6 +77,50 @@ def set_field(doc: Any, dotted: str, value: Any, *, add_missing: bool = False, f
 
 
 # ---------------------------------------------------------------------------------------------
+# the flipped file: a path inside the model folder, never outside it
+# ---------------------------------------------------------------------------------------------
+
+
+def check_relative_file(file: str, field: str = "flip.file") -> str:
+    """`file` as a relative path below a folder, or ExperimentError naming `field` and the value.
+
+    Refused: empty, absolute (``/x``, ``~/x``, ``C:\\x``), any ``..`` segment, a NUL byte. Whether it stays
+    inside once symlinks are followed is checked against the folder itself (`resolve_inside`).
+    """
+    def refuse(why: str) -> ExperimentError:
+        return ExperimentError(f"{field} {file!r}: {why}; give a path relative to the model folder, e.g. config.json")
+
+    if not isinstance(file, str) or not file.strip():
+        raise refuse("is empty")
+    if "\0" in file:
+        raise refuse("contains a NUL byte")
+    posix, windows = PurePosixPath(file), PureWindowsPath(file)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive:
+        raise refuse("is an absolute path")
+    if file.startswith("~"):
+        raise refuse("starts with '~' (a home folder)")
+    if ".." in posix.parts or ".." in windows.parts:
+        raise refuse("leaves the model folder ('..')")
+    if posix.name in ("", "."):
+        raise refuse("names no file")
+    return file
+
+
+def resolve_inside(folder: Path, file: str, field: str = "flip.file") -> Path:
+    """`folder / file` with symlinks followed, which must lie inside `folder` (itself resolved); else
+    ExperimentError naming `field`, the value and where it leads."""
+    check_relative_file(file, field)
+    root = Path(folder).resolve()
+    target = (root / file).resolve()
+    if not target.is_relative_to(root):
+        raise ExperimentError(
+            f"{field} {file!r} resolves to {target}, outside the model folder {root} (through a symbolic link); "
+            "only a file of the folder itself can be flipped"
+        )
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
 # the folder copy with linked weights
 # ---------------------------------------------------------------------------------------------
 
@@ -132,8 +176,8 @@ def build_flipped_folder(
         raise ExperimentError(f"flip.link {link_mode!r}: weights must be shared, use 'symlink' or 'hardlink'")
     if not source.is_dir():
         raise ExperimentError(f"model folder {source} does not exist or is not a folder")
-    edited = source / file
-    if is_weight_file(edited):
+    edited = resolve_inside(source, file)  # params validation refused the obvious; here symlinks count too
+    if is_weight_file(source / file) or is_weight_file(edited):
         raise ExperimentError(f"flip.file {file!r} is a weight file; only a JSON file of the folder can be flipped")
     if not edited.is_file():
         raise ExperimentError(f"flip.file {file!r} does not exist in {source}")
@@ -149,6 +193,9 @@ def build_flipped_folder(
     added = not has_field(doc, field)
     original = set_field(doc, field, value, add_missing=add_missing, file=str(edited))
 
+    if PurePosixPath(file).as_posix() not in {rel for rel, _ in plan}:
+        raise ExperimentError(f"flip.file {file!r} is not one of the files copied from {source}")
+
     dest.mkdir(parents=True, exist_ok=True)
     linked, copied = [], []
     for rel, src_real in plan:
@@ -160,7 +207,11 @@ def build_flipped_folder(
         else:
             shutil.copyfile(src_real, out)
             copied.append(rel)
-    (dest / file).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    # the edit goes to the copy only: a regular file this function made inside dest, never through a link
+    written = resolve_inside(dest, file)
+    if (dest / file).is_symlink() or not written.is_file():
+        raise ExperimentError(f"flip.file {file!r}: its copy in {dest} is not a regular file; nothing was edited")
+    written.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
     folder = FlippedFolder(
         path=dest, source=source, file=file, field=field, value=value,

@@ -7,6 +7,7 @@ snapshots taken around it; a counter that went down means the server restarted i
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +18,7 @@ from specbook.errors import MetricsError
 # prometheus_client names a counter family without `_total` and its sample with it (plus a `_created`
 # sample we never want); callers may use either spelling.
 _COUNTER_SUFFIX = "_total"
+_INTEGER_LABEL = re.compile(r"-?[0-9]{1,18}")  # a label value label_values sorts as a number (a position)
 
 
 def _base_name(name: str) -> str:
@@ -57,7 +59,7 @@ class MetricsSnapshot:
                     if s.name.endswith("_created"):
                         continue  # creation time, not a measurement
                     samples.append(Sample(s.name, dict(s.labels), float(s.value)))
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:  # OverflowError: an integer value beyond a float (1e309)
             raise MetricsError(f"/metrics text from {base_url or 'input'} does not parse: {exc}") from exc
         return cls(timestamp or datetime.now(timezone.utc), samples, base_url, types)
 
@@ -122,8 +124,10 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **
         return None
     start = before.value(name, **labels) or 0.0
     delta = end - start
+    shown = ",".join(f'{k}="{v}"' for k, v in labels.items() if v is not None)
+    if not math.isfinite(delta):  # NaN or inf in either snapshot (or their difference out of range)
+        raise MetricsError(f"counter {name}{{{shown}}} from {start} to {end}: not a count")
     if delta < 0:
-        shown = ",".join(f'{k}="{v}"' for k, v in labels.items() if v is not None)
         raise MetricsError(
             f"counter {name}{{{shown}}} went down from {start} to {end} between "
             f"{before.timestamp.isoformat()} and {after.timestamp.isoformat()}: the server restarted"
@@ -162,4 +166,9 @@ def int_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labe
 def label_values(snapshot: MetricsSnapshot, name: str, label: str, **labels: Any) -> list[str]:
     """The values a label takes on the samples of `name` (e.g. every `position`), sorted numerically."""
     found = {s.labels[label] for s in snapshot.select(name, **labels) if label in s.labels}
-    return sorted(found, key=lambda v: (not v.lstrip("-").isdigit(), int(v) if v.lstrip("-").isdigit() else 0, v))
+
+    def key(value: str) -> tuple[bool, int, str]:
+        number = _INTEGER_LABEL.fullmatch(value)  # not str.isdigit: int() refuses "²" and "--1"
+        return number is None, int(value) if number else 0, value
+
+    return sorted(found, key=key)

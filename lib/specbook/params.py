@@ -81,6 +81,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ParamsError(f"{shown}: YAML syntax error at {where}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ParamsError(f"{shown}: YAML syntax error: {exc}") from None
+    except Exception as exc:  # a value PyYAML's constructors refuse (2001-02-30, !!int x) or nesting too deep
+        raise ParamsError(f"{shown}: YAML value cannot be read: {type(exc).__name__}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -101,7 +103,7 @@ def parse_override(override: str) -> tuple[list[str], Any]:
         raise ParamsError(f"override {override!r}: empty segment in key {key!r}")
     try:
         value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+    except Exception as exc:  # YAMLError, or a value PyYAML's constructors refuse (2001-02-30, !!int x)
         raise ParamsError(f"override {override!r}: value is not valid YAML: {exc}") from None
     return parts, value
 
@@ -129,6 +131,8 @@ def validate_params(model_cls: type[P], data: Mapping[str, Any], source: str = "
         return model_cls.model_validate(data)
     except ValidationError as exc:
         raise ParamsError(_validation_message(exc, source)) from None
+    except Exception as exc:  # a schema's validator failed on a value it did not expect (a date, bytes, a set)
+        raise ParamsError(f"{source}: a value the schema cannot check: {type(exc).__name__}: {exc}") from exc
 
 
 def load_params(model_cls: type[P], path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> P:
@@ -149,10 +153,17 @@ def params_hash(params: BaseModel) -> str:
     return sha256_bytes(canonical_json(params))
 
 
-def dump_params(params: BaseModel, path: str | os.PathLike[str]) -> Path:
-    """Write the validated, resolved params as YAML (what the notebook reads back)."""
+def dump_params(params: BaseModel, path: str | os.PathLike[str], *, redact: bool = True) -> Path:
+    """Write the validated, resolved params as YAML, secrets hidden (specbook.secrets) unless `redact` is False.
+
+    A run folder's params.yaml is always redacted; the runner hands a kernel that launches servers an
+    unredacted copy outside the run folder when hiding changed anything.
+    """
+    from specbook.secrets import redact_data
+
     path = Path(path)
-    text = yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    data = params.model_dump(mode="json")
+    text = yaml.safe_dump(redact_data(data) if redact else data, sort_keys=False, allow_unicode=True)
     path.write_text(text, encoding="utf-8")
     return path
 

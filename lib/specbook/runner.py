@@ -10,12 +10,15 @@ Notebooks run with cwd = the run folder, so anything a cell writes by relative p
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,8 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook import __version__
-from specbook.digest import sha256_file_or_none
+from specbook import __version__, secrets
+from specbook.digest import sha256_bytes, sha256_file_or_none
 from specbook.errors import NotebookExecutionError, RunError
 from specbook.fingerprint import git_info, hardware_fingerprint, library_versions, python_info
 from specbook.manifest import (
@@ -39,7 +42,7 @@ from specbook.manifest import (
     utc_now,
     write_manifest,
 )
-from specbook.params import dump_params, load_params, params_display_name, params_hash
+from specbook.params import dump_params, load_params, params_display_name
 from specbook.paths import outputs_dir, project_root
 from specbook.report_tables import host_summary
 from specbook.runstore import RunContext
@@ -242,14 +245,16 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _execute(
-    notebook: Path, run_dir: Path, kernel: str, reuse_data: bool, progress: bool
+    notebook: Path, run_dir: Path, kernel: str, reuse_data: bool, progress: bool, params_file: Path | None = None
 ) -> tuple[FailedCell | None, str | None]:
-    """Run the notebook into run_dir/report.ipynb. Returns (failed cell, error), both None when ok."""
+    """Run the notebook into run_dir/report.ipynb. Returns (failed cell, error), both None when ok.
+
+    `params_file` defaults to the run folder's params.yaml (see _kernel_params_file for when it is not)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     parameters = {
-        "params_file": str(run_dir / PARAMS_YAML),
+        "params_file": str(params_file or run_dir / PARAMS_YAML),
         "run_dir": str(run_dir),
         "reuse_data": reuse_data,
     }
@@ -328,6 +333,88 @@ def _raise_if_failed(result: RunResult, what: str) -> RunResult:
     raise err
 
 
+# --------------------------------------------------------------------------------------------------
+# Secrets: nothing the run folder holds shows one (specbook.secrets); the kernel still gets the real values
+
+
+@dataclass
+class _Shown:
+    """What the run folder shows of the params, overrides and command line, and the scrubber for free text."""
+
+    params: dict[str, Any]
+    overrides: list[str]
+    command: list[str]
+    params_hash: str
+    hidden_in_params: bool
+    scrub: secrets.Scrubber
+
+
+def _shown(params: Any, overrides: list[str], command: list[str]) -> _Shown:
+    """Params, overrides and command with their secrets hidden; the values found (and the launching
+    environment's secrets) become a scrubber for everything else the run writes."""
+    plain = params.model_dump(mode="json")
+    found: set[str] = set()
+    params_shown = secrets.redact_data(plain, found)
+    overrides_shown = [secrets.redact_override(o, found) for o in overrides]
+    command_shown = secrets.redact_argv(command, found)
+    scrub = secrets.Scrubber(found | secrets.env_secret_values(os.environ))
+    # the hash of what is shown: a hash of the secret itself would let a reader test guesses of it offline
+    canonical = json.dumps(params_shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _Shown(params=params_shown, overrides=[scrub(o) for o in overrides_shown],
+                  command=[scrub(c) for c in command_shown], params_hash=sha256_bytes(canonical),
+                  hidden_in_params=params_shown != plain, scrub=scrub)
+
+
+@contextmanager
+def _kernel_params_file(params: Any, run_dir: Path, hidden: bool) -> Iterator[Path]:
+    """The params file the kernel reads: the run folder's params.yaml, or, when secrets were hidden in it, an
+    unredacted copy in a private temporary folder (mode 0700) removed when the notebook ends, so the servers
+    get the real values and the run folder never holds them."""
+    if not hidden:
+        yield run_dir / PARAMS_YAML
+        return
+    private = Path(tempfile.mkdtemp(prefix="specbook-params-"))
+    try:
+        path = private / PARAMS_YAML
+        path.touch(mode=0o600)
+        dump_params(params, path, redact=False)
+        yield path
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _scrub_tree(obj: Any, scrub: secrets.Scrubber) -> Any:
+    if isinstance(obj, str):
+        return scrub(obj)
+    if isinstance(obj, dict):  # embedded images are base64: a match there would be chance and break the image
+        return {k: (v if k.startswith("image/") and k != "image/svg+xml" else _scrub_tree(v, scrub))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_scrub_tree(v, scrub) for v in obj]
+    return obj
+
+
+def _scrub_report(run_dir: Path, scrub: secrets.Scrubber) -> None:
+    """Hide known secrets and URL passwords in the executed notebook (before the html is rendered from it):
+    a cell may print what the kernel's real params hold."""
+    report = run_dir / REPORT_IPYNB
+    try:
+        nb = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    clean = _scrub_tree(nb, scrub)
+    if clean != nb:
+        tmp = report.with_suffix(".ipynb.tmp")
+        tmp.write_text(json.dumps(clean, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, report)
+
+
+def _scrub_manifest(manifest: Manifest, scrub: secrets.Scrubber) -> None:
+    manifest.error = scrub(manifest.error) if manifest.error else manifest.error
+    if manifest.failed_cell is not None:
+        manifest.failed_cell = FailedCell.model_validate(_scrub_tree(manifest.failed_cell.model_dump(), scrub))
+
+
 def run_experiment(
     name: str,
     params_file: str | os.PathLike[str],
@@ -355,7 +442,8 @@ def run_experiment(
     params_name = params_display_name(params, params_file)
     root = Path(outputs_root) if outputs_root else outputs_dir()
     run_dir = make_run_dir(root / name, started, params_name, git.short_sha).resolve()
-    dump_params(params, run_dir / PARAMS_YAML)
+    dump_params(params, run_dir / PARAMS_YAML)  # secrets hidden
+    shown = _shown(params, list(overrides), list(sys.argv))
     RunContext(run_dir)  # data/ and logs/ exist before the first cell runs
 
     manifest = Manifest(
@@ -363,14 +451,14 @@ def run_experiment(
         experiment=name,
         started_at=iso_utc(started),
         params_file=_relative_to_root(Path(params_file)),
-        overrides=list(overrides),
+        overrides=shown.overrides,
         params_name=params_name,
-        params=params.model_dump(mode="json"),
-        params_hash=params_hash(params),
+        params=shown.params,
+        params_hash=shown.params_hash,
         notebook=str(nb_path),
         notebook_sha256=sha256_file_or_none(nb_path),
         kernel=kernel,
-        command=list(sys.argv),
+        command=shown.command,
         runner={"hostname": socket.gethostname(), "pid": os.getpid()},
         git=git,
         specbook_version=__version__,
@@ -382,29 +470,33 @@ def run_experiment(
 
     log.info("run folder: %s", run_dir)
     try:
-        with _sigterm_as_interrupt():
-            failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress)
+        with _sigterm_as_interrupt(), _kernel_params_file(params, run_dir, shown.hidden_in_params) as kernel_params:
+            failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress,
+                                          params_file=kernel_params)
     except BaseException as exc:  # Ctrl-C or SIGTERM: keep what was measured, record it, let it through
         manifest.status = "failed"
         manifest.failed_cell = _last_started_cell(exc, run_dir / REPORT_IPYNB, nb_path)
+        _scrub_report(run_dir, shown.scrub)
         _, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
         manifest.error = _join_errors(f"interrupted: {type(exc).__name__} {exc}".strip(), render_error)
-        _finalize(manifest, run_dir, t0)
+        _finalize(manifest, run_dir, t0, shown.scrub)
         raise
     manifest.failed_cell = failed_cell
+    _scrub_report(run_dir, shown.scrub)
     html, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
     # a run without its report is not done, even when every cell ran
     manifest.status = "failed" if error or render_error else "ok"
     manifest.error = _join_errors(error, render_error)
-    _finalize(manifest, run_dir, t0)
+    _finalize(manifest, run_dir, t0, shown.scrub)
     result = RunResult(run_dir, manifest.status, failed_cell, run_dir / REPORT_IPYNB, html, manifest)
     return _raise_if_failed(result, f"run of {name}")
 
 
-def _finalize(manifest: Manifest, run_dir: Path, t0: float) -> None:
+def _finalize(manifest: Manifest, run_dir: Path, t0: float, scrub: secrets.Scrubber | None = None) -> None:
     manifest.ended_at = iso_utc(utc_now())
     manifest.duration_s = round(time.monotonic() - t0, 3)
     _collect_servers(manifest, run_dir)
+    _scrub_manifest(manifest, scrub or secrets.Scrubber())
     write_manifest(run_dir, manifest)
 
 
@@ -456,6 +548,7 @@ def render_run(
     log.info("re-rendering %s", run_dir)
     with _sigterm_as_interrupt():
         failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=True, progress=progress)
+    _scrub_report(run_dir, secrets.Scrubber(secrets.env_secret_values(os.environ)))
     html, render_error = _try_render(run_dir, f"{manifest.experiment} {manifest.run_id}")
     status = "failed" if error or render_error else "ok"
     manifest.renders.append(

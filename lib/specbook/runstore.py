@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbook import secrets
 from specbook.errors import RunError
 from specbook.manifest import ServerRecord, iso_utc
 
@@ -19,13 +20,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SERVERS_NAME = "servers.jsonl"
-
-
-def _redact(env: dict[str, str]) -> dict[str, str]:
-    # servers hand over an already redacted env; redact again so a caller's slip cannot leak a secret
-    from specbook.server import redact_env
-
-    return redact_env({str(k): str(v) for k, v in env.items()})
 
 
 class RunContext:
@@ -85,21 +79,24 @@ class RunContext:
         status: str | None = None,
         error: str | None = None,
     ) -> ServerRecord:
-        """Append one server to servers.jsonl (the manifest collects them at the end of the run)."""
+        """Append one server to servers.jsonl (the manifest collects them at the end of the run).
+
+        argv, env, extra and error are written with their secrets hidden (specbook.secrets): servers hand over
+        an already redacted env, and redacting again keeps a caller's slip from leaking a secret."""
         log = self._existing_log(name)
         record = ServerRecord(
             name=name,
-            argv=[str(a) for a in argv],
-            env=_redact(dict(env)),
+            argv=secrets.redact_argv(argv),
+            env=secrets.redact_env(env),
             versions=dict(versions),
             started_at=iso_utc(started_at),
             stopped_at=iso_utc(stopped_at),
             ready_s=ready_s,
             log_path=log,
             startup=dict(startup or {}),
-            extra=dict(extra or {}),
+            extra=secrets.redact_data(dict(extra or {})),
             status=status,
-            error=error,
+            error=None if error is None else secrets.redact_text(error),
         )
         with open(self.run_dir / SERVERS_NAME, "a", encoding="utf-8") as fh:
             fh.write(record.model_dump_json() + "\n")

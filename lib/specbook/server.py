@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections import deque
@@ -26,10 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specbook.envline import format_env_line
 from specbook.errors import ServerStartError, ServerTeardownError
+from specbook.secrets import REDACTED, Scrubber, env_secret_values
+from specbook.secrets import redact_argv as _redact_argv
+from specbook.secrets import redact_env as _redact_env
 
-# Env names whose values never reach a log or manifest.
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
-REDACTED = "***"
+__all__ = ["REDACTED", "ManagedServer", "ServerSpec", "env_diff", "free_port", "redact_env", "tail_lines"]
 # Marker put into every launched server's environment: descendants inherit it, so teardown finds
 # even processes that left both the process group and the session. Not written to the Env line.
 MARKER_ENV = "SPECBOOK_SERVER_ID"
@@ -37,6 +38,7 @@ LOG_TAIL_LINES = 40
 TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
 _POLL_S = 0.5
+PUMP_DRAIN_S = 5.0  # how long teardown waits for the last scrubbed log lines
 
 
 class ServerSpec(BaseModel):
@@ -79,8 +81,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """Copy of `env` with the values of secret-looking names (TOKEN, KEY, SECRET, PASSWORD) replaced by ***."""
-    return {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()}
+    """Copy of `env` with secrets hidden (secret-looking names' values, URL passwords): specbook.secrets' rules."""
+    return _redact_env(env)
+
+
+def _pump_scrubbed(pipe: IO[bytes], sink: IO[bytes], scrub: Scrubber) -> None:
+    """Copy a server's output into its log line by line with every known secret hidden (a reader thread)."""
+    try:
+        for line in iter(pipe.readline, b""):
+            text = scrub(line.decode("utf-8", "surrogateescape"))
+            sink.write(text.encode("utf-8", "surrogateescape"))
+            sink.flush()
+    except (OSError, ValueError):  # the log was closed under us (teardown gave up waiting): stop copying
+        pass
+    finally:
+        pipe.close()
 
 
 def env_diff(child: dict[str, str], parent: dict[str, str]) -> dict[str, str]:
@@ -152,6 +167,9 @@ class ManagedServer:
         self.returncode: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_fh: IO[str] | None = None
+        # Set when the server's argv or env holds a secret: its output then reaches the log through a
+        # thread that hides those values (an engine may print its arguments or env), not directly.
+        self._pump: threading.Thread | None = None
         self._t0 = 0.0
         self._marker = uuid.uuid4().hex
         self._known: dict[int, psutil.Process] = {}
@@ -200,9 +218,17 @@ class ManagedServer:
         return f"exit code {code}"
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        if self._proc is not None and self._proc.poll() is not None:
+            self._drain_log(PUMP_DRAIN_S)  # a dead server's last words are its most useful
         if self._log_fh:
             self._log_fh.flush()
         return tail_lines(self.log_path, n)
+
+    def _drain_log(self, timeout_s: float) -> None:
+        """Wait until the scrubbing reader has copied all output (the pipe closes when every process holding
+        it has exited), at most `timeout_s`."""
+        if self._pump is not None:
+            self._pump.join(timeout_s)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> ManagedServer:
@@ -216,6 +242,9 @@ class ManagedServer:
         launched = env_diff(child, parent) | {k: child[k] for k in self.spec.env}
         self.launched_env = redact_env(dict(sorted(launched.items())))
         child[MARKER_ENV] = self._marker
+        hidden = env_secret_values(child)
+        _redact_argv(self.argv, hidden)
+        scrub = Scrubber(hidden) if hidden else None
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         _keep_old_log(self.log_path)
@@ -228,7 +257,7 @@ class ManagedServer:
             self._proc = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
-                stdout=self._log_fh,
+                stdout=self._log_fh if scrub is None else subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=child,
                 cwd=self.spec.cwd,
@@ -242,6 +271,10 @@ class ManagedServer:
                 f"server {self.name!r} could not be launched ({exc}): argv[0]={self.argv[0]!r}",
                 log_path=str(self.log_path),
             ) from exc
+        if scrub is not None:
+            self._pump = threading.Thread(target=_pump_scrubbed, args=(self._proc.stdout, self._log_fh.buffer, scrub),
+                                          name=f"log-{self.name}", daemon=True)
+            self._pump.start()
         _LIVE_SERVERS.add(self)
         return self
 
@@ -407,6 +440,7 @@ class ManagedServer:
                     log_tail=self.log_tail(),
                 )
         finally:
+            self._drain_log(PUMP_DRAIN_S)
             if self._log_fh is not None:
                 self._log_fh.close()
                 self._log_fh = None

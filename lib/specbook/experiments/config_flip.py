@@ -24,7 +24,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specbook import flip
+from specbook import flip, secrets
 from specbook.acceptance import (
     ACCEPTED,
     Acceptance,
@@ -52,13 +52,21 @@ class FlipSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     folder: str = Field(description="model folder to flip: a path or an embedded model name")
-    file: str = Field("config.json", description="JSON file of the folder holding the field")
+    file: str = Field("config.json", description="JSON file of the folder holding the field, relative to it")
     field: str = Field(description="dotted path into the file, e.g. rope_theta or rope_scaling.factor")
     values: list[Any] = Field(min_length=2, description="one arm per value, in this order")
     add_missing: bool = Field(False, description="add the field when the file lacks it (else refused)")
     link: Literal["symlink", "hardlink"] = Field(
         "symlink", description="how weight files are shared with the original; they are never copied"
     )
+
+    @field_validator("file")
+    @classmethod
+    def _inside_the_folder(cls, v: str) -> str:
+        try:  # checked again against the folder itself (symlinks) when the arms are built
+            return flip.check_relative_file(v, "flip.file")
+        except ExperimentError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("field")
     @classmethod
@@ -153,6 +161,11 @@ def _launch_view(spec: Any, folder: Path) -> dict[str, Any]:
         "unset_env": sorted(spec.unset_env),
         "cwd": str(spec.cwd) if spec.cwd else None,
     }
+
+
+def _redacted_view(view: dict[str, Any]) -> dict[str, Any]:
+    """A launch view as flip.json records it: argv and env with their secrets hidden (specbook.secrets)."""
+    return {**view, "argv": secrets.redact_argv(view["argv"]), "env": secrets.redact_env(view["env"])}
 
 
 def assert_launches_differ_only_in_folder(views: list[dict[str, Any]], labels: list[str]) -> None:
@@ -262,7 +275,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
         for cfg, f in zip(configs, folders, strict=True)
     ]
     assert_launches_differ_only_in_folder(views, labels)
-    summary["launch"] = views[0]
+    summary["launch"] = _redacted_view(views[0])
     ctx.save_json(FLIP_JSON, summary)
 
     requests = _chat_requests(params)

@@ -35,9 +35,11 @@ NO_DRAFT_COUNT = (
     "and per-position counts come from its /metrics counters (llamacpp:spec_decode_num_drafts_total)"
 )
 
+# A decimal as "%f" prints it (float() reads every match) and a count int() reads (far below its 4300 digits).
+_DECIMAL, _COUNT = r"\d+(?:\.\d+)?", r"\d{1,15}"
 _DRAFT_LINE = re.compile(
-    r"draft acceptance = (?P<rate>[0-9.]+) \(\s*(?P<accepted>\d+) accepted /\s*(?P<generated>\d+) generated\)"
-    r"(?:, mean len =\s*(?P<mean_len>[0-9.]+))?"
+    rf"draft acceptance = (?P<rate>{_DECIMAL}) \(\s*(?P<accepted>{_COUNT}) accepted /\s*(?P<generated>{_COUNT}) generated\)"
+    rf"(?:, mean len =\s*(?P<mean_len>{_DECIMAL}))?"
 )
 
 # Signatures of llama-server's log lines (searched in each of a file's first lines; see specbook.ingest).

@@ -208,6 +208,8 @@ class _BlockScan:
                 rates = list(map(float, b", ".join(rates_b).split(b", ")))
             except ValueError:  # a number float() refuses ("1.2.3"): the block goes line by line
                 return False
+            if max(rates) > 1.0:  # not a rate (the regex reads no sign and no nan): _Parser.record breaks the line
+                return False
             rows = self.out.sums.pending
             rows.al += al
             rows.accepted += map(int, accepted_b)
@@ -248,13 +250,15 @@ class _BlockScan:
                     _, _, al_b, atp, dtp, acc_b, drafted_b, rates_b, rate_b = m.groups()
                     values: tuple[Any, ...] = (float(al_b), int(acc_b), int(drafted_b),
                                                list(map(float, rates_b.split(b", "))))
+                    if max(values[3]) > 1.0:  # not a rate: _Parser.record breaks the line
+                        raise ValueError
                     if keep:
                         values += (float(atp), float(dtp), float(rate_b))
                 elif keep:
                     _, _, _, _, prompt_tp, gen_tp, running, waiting, device, usage, hit = m.groups()
                     values = (float(prompt_tp), float(gen_tp), int(running), int(waiting), device.decode(),
                               float(usage) / 100.0, float(hit) / 100.0)
-            except ValueError:  # a number float() refuses ("1.2.3"): _Parser.record reads it as it reads it
+            except ValueError:  # a number float() refuses ("1.2.3") or no rate: _Parser.record reads it as it reads it
                 self._slow(buf, ls, line_no)
                 continue
             stamp_text = m.group(1).decode()

@@ -99,6 +99,7 @@ _NUMBER_RE = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)(?:[eE][-+]?\
 
 # The printed per-position rate (%.3f) pins the integer count behind it while drafts < 1000.
 _EXACT_DRAFTS = 1000
+_MAX_COUNT = 2**53  # counts are read below it (exact as floats); the block reader's regexes read 15 digits
 # Line kinds, in the order the block reader handles two markers found in one line.
 _SPEC, _STATS, _ENV, _CANDIDATE, _OTHER = 0, 1, 2, 3, 4
 
@@ -133,7 +134,7 @@ def recover_drafts(al: float, accepted: int, drafted: int, rates: Sequence[float
     al_known = math.isfinite(al)
     if not k:  # pre-per-position format: recover it from AL = 1 + accepted / drafts
         if al_known and al > 1 and accepted:
-            return int(round(accepted / (al - 1)))
+            return min(drafted, int(round(accepted / (al - 1))))  # a draft holds a drafted token at least
         return 0
     lo = -(-drafted // k)
     if drafted == lo * k or accepted == 0 or (al_known and al <= 1):
@@ -144,6 +145,8 @@ def recover_drafts(al: float, accepted: int, drafted: int, rates: Sequence[float
     elif rates_known and sum(rates) > 0:
         guess = accepted / sum(rates)
     else:
+        return lo
+    if not math.isfinite(guess):  # rates that add up to almost 0 for accepted tokens: as any guess past drafted
         return lo
     hi = drafted
 
@@ -484,6 +487,8 @@ def _integer(value: str, key: str) -> int:
     number = _number(value, key)
     if not number.is_integer():
         raise _FieldError(f"{key}: {value!r} is not an integer")
+    if not 0 <= number < _MAX_COUNT:  # a count: negative or huge ones break the drafts recovery and the sums
+        raise _FieldError(f"{key}: {value!r} is not a count")
     return int(number)
 
 
@@ -516,6 +521,8 @@ def _spec_decoding(
         raise _FieldError(f"no {missing} field") from None
     rates_text = fields.pop("Per-position acceptance rate", "")
     rates = [_number(r, "Per-position acceptance rate") for r in rates_text.split(",") if r.strip()]
+    if any(math.isfinite(r) and not 0.0 <= r <= 1.0 for r in rates):  # accepted at a position / drafts
+        raise _FieldError(f"Per-position acceptance rate: {rates_text!r} is not a rate in 0..1")
     if "Mean acceptance length" in fields:
         mean_al = _number(fields.pop("Mean acceptance length"), "Mean acceptance length")
     elif rates:
@@ -644,7 +651,7 @@ def parse_header(line: str, timestamps: _Timestamps | None = None) -> LineHeader
     pid = match.group("pid")
     return LineHeader(
         process=match.group("process"),
-        pid=int(pid) if pid else None,
+        pid=int(pid) if pid and len(pid) <= 18 else None,  # more digits than any pid (or int() reads): none
         level=match.group("level"),
         timestamp_text=stamp,
         timestamp=(timestamps or _Timestamps(datetime.now(timezone.utc).year))(stamp),

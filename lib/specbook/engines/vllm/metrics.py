@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from specbook.acceptance import Acceptance
+from specbook.errors import MetricsError
 from specbook.metrics import CounterDelta, MetricsSnapshot, int_delta, label_values
 
 SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -13,6 +14,7 @@ SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 # labelled position="0".."k-1": the count at position p+1 of the acceptance model
 SPEC_DECODE_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION_TOKENS = "vllm:generation_tokens"
+MAX_POSITIONS = 1024  # far above any k a proposer uses; bounds what a malformed scrape can allocate
 PROMPT_TOKENS = "vllm:prompt_tokens"
 REQUEST_SUCCESS = "vllm:request_success"
 
@@ -26,6 +28,10 @@ def counter_delta(
     """
     labels: dict[str, Any] = {"model_name": model_name, "engine": engine}
     positions = label_values(after, SPEC_DECODE_ACCEPTED_PER_POS, "position", **labels)
+    bad = [p for p in positions if not (p.isascii() and p.isdigit() and int(p) < MAX_POSITIONS)]
+    if bad:
+        raise MetricsError(f"{SPEC_DECODE_ACCEPTED_PER_POS}: position label(s) {bad[:5]} are not draft positions "
+                           f"0..{MAX_POSITIONS - 1}")
     by_reason = {
         reason: int_delta(before, after, REQUEST_SUCCESS, finished_reason=reason, **labels) or 0
         for reason in label_values(after, REQUEST_SUCCESS, "finished_reason", **labels) if reason

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbook import attribution
+from specbook import attribution, secrets
 from specbook.acceptance import Acceptance, position_column
 from specbook.arms import Arm, interleaved_schedule
 from specbook.engines import get_engine
@@ -57,6 +57,20 @@ def _with_run_time(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
     return frame
 
 
+def _readable(field_name: str, value: str | None) -> Path | None:
+    """A params input file (read-only: it may lie anywhere), resolved and opened once; ParamsError naming the
+    field, the value and the resolved path when it is missing or unreadable."""
+    path = resolve_path(value)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ParamsError(f"{field_name}: {value!r} cannot be read (looked at {path}): {exc.strerror or exc}") from None
+    return path
+
+
 def collect(params: KnobABParams, ctx) -> KnobABData:
     """One fresh server per (sweep, arm), interleaved; each run's frames are saved before the next starts."""
     if params.mode == "ingest":
@@ -68,18 +82,19 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
 
     w = params.workload
     gsm8k = get_workload(w.dataset)
+    test_path = _readable("workload.test_path", w.test_path)
+    train_path = _readable("workload.train_path", w.train_path) if w.shots else resolve_path(w.train_path)
     workloads = {}
     for sweep in range(params.sweeps):
         seed = w.subset_seed(sweep)
         if seed not in workloads:
-            workloads[seed] = gsm8k.load_gsm8k(resolve_path(w.test_path), resolve_path(w.train_path), n=w.subset,
-                                               seed=seed, num_shots=w.shots)
+            workloads[seed] = gsm8k.load_gsm8k(test_path, train_path, n=w.subset, seed=seed, num_shots=w.shots)
     ctx.save_json("workload", {str(seed): wl.selection for seed, wl in workloads.items()})
     requests_of = {seed: gsm8k.make_requests(wl, max_tokens=w.max_tokens, seed=w.request_seed)
                    for seed, wl in workloads.items()}
     arms = params.arms()
     check_inherited_knob_env(params, os.environ)
-    ctx.save_json("arms", [a.model_dump() for a in arms])
+    ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))  # arms echo the engine's env/args
     schedule = interleaved_schedule(arms, params.sweeps)
     flush = params.measurement.flush_wait_s
     flush = 2.5 * params.measurement.log_stats_interval_s if flush is None else flush
@@ -108,9 +123,10 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
             "subset_seed": subset_seed,
             "request_seed": w.request_seed,
             "log_path": str(server.log_path.relative_to(ctx.run_dir)),
-            "argv": json.dumps(server.managed.argv),
+            # as launched, secrets hidden; attribution compares them with each arm's redacted expectation
+            "argv": json.dumps(secrets.redact_argv(server.managed.argv)),
             # Attribution reads the env the log says the server ran with, not what params declared.
-            "launched_env": json.dumps(log_env if log_env is not None else server.managed.launched_env),
+            "launched_env": json.dumps(secrets.redact_env(log_env if log_env is not None else server.managed.launched_env)),
             "ready_s": server.ready_s,
             "started_at": server.managed.started_at.isoformat() if server.managed.started_at else None,
             "wall_s": window.wall_s,
@@ -145,8 +161,11 @@ def ingest(params: KnobABParams, ctx) -> KnobABData:
     per_arm_count: dict[str, int] = {}
     for order, path in enumerate(files):
         run_id = f"{order:02d}-{path.stem}"
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            iv = engine.log_intervals(fh)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                iv = engine.log_intervals(fh)
+        except OSError as exc:
+            raise ParamsError(f"ingest.logs: {str(path)!r} cannot be read: {exc.strerror or exc}") from None
         env = read_env_line(path) or {}
         if params.ingest.arm_from == "mapping":
             a = attribution.arm_from_env_line(env, params.ingest.mapping) if not any(
@@ -159,7 +178,8 @@ def ingest(params: KnobABParams, ctx) -> KnobABData:
         per_arm_count[declared or "?"] = sweep + 1
         intervals.append(_with_run_time(iv, run_id))
         runs.append({"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": declared or "",
-                     "status": "ingested", "log_path": str(path), "argv": "", "launched_env": json.dumps(env),
+                     "status": "ingested", "log_path": str(path), "argv": "",
+                     "launched_env": json.dumps(secrets.redact_env(env)),
                      "ingest_reason": a.reason})
     ctx.save_frame(RUNS, pd.DataFrame(runs))
     ctx.save_frame(INTERVALS, pd.concat(intervals, ignore_index=True))
