@@ -28,7 +28,7 @@ def counter_delta(
     """
     labels: dict[str, Any] = {"model_name": model_name, "engine": engine}
     positions = label_values(after, SPEC_DECODE_ACCEPTED_PER_POS, "position", **labels)
-    bad = [p for p in positions if not (p.isascii() and p.isdigit() and int(p) < MAX_POSITIONS)]
+    bad = [p for p in positions if not (p.isascii() and p.isdigit() and len(p) <= 4 and int(p) < MAX_POSITIONS)]
     if bad:
         raise MetricsError(f"{SPEC_DECODE_ACCEPTED_PER_POS}: position label(s) {bad[:5]} are not draft positions "
                            f"0..{MAX_POSITIONS - 1}")
