@@ -277,16 +277,22 @@ def _execute(
     return None, None
 
 
+_EMPTY_SCRIPT = re.compile(r'<script[^>]*\ssrc=""[^>]*>\s*</script>\s*')
+
+
 def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) -> Path:
     """report.html beside the notebook, inputs hidden: the report shows results, not code."""
     import nbformat
     from nbconvert import HTMLExporter
 
     src = Path(report_ipynb)
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    # No MathJax or require.js from a CDN: a report must read offline (none uses math or JS widgets).
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
+                            mathjax_url="", require_js_url="")
     # from_filename would overwrite the title with the file name ("report")
     resources = {"metadata": {"name": title or src.stem, "path": str(src.parent)}}
     body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4), resources=resources)
+    body = _EMPTY_SCRIPT.sub("", body)
     out = src.with_suffix(".html")
     out.write_text(body, encoding="utf-8")
     return out
