@@ -13,6 +13,18 @@ from specbook.paths import project_root
 
 
 @pytest.fixture(scope="session")
+def embedded_target() -> None:
+    """The embedded target must be prepared (`make test` prepares it); otherwise the test says why it cannot run."""
+    from specbook.errors import ModelNotPreparedError
+    from specbook.models import TARGET, model_path
+
+    try:
+        model_path(TARGET)
+    except ModelNotPreparedError:
+        pytest.skip("embedded target not prepared: run `specbook models prepare`")
+
+
+@pytest.fixture(scope="session")
 def run_book():
     return _run_book
 

@@ -29,17 +29,6 @@ WRAPPER = (
 )
 
 
-def _target_ready() -> bool:
-    from specbook.errors import ModelNotPreparedError
-    from specbook.models import TARGET, model_path
-
-    try:
-        model_path(TARGET)
-    except ModelNotPreparedError:
-        return False
-    return True
-
-
 def specbook(*args: str, with_fixtures: bool = True) -> subprocess.CompletedProcess[str]:
     argv = (
         [sys.executable, "-c", WRAPPER, *args] if with_fixtures else [sys.executable, "-m", "specbook", *args]
@@ -48,9 +37,7 @@ def specbook(*args: str, with_fixtures: bool = True) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def served_run(tmp_path_factory):
-    if not _target_ready():
-        pytest.skip("embedded target not prepared: run `specbook models prepare`")
+def served_run(tmp_path_factory, embedded_target):
     outputs = tmp_path_factory.mktemp("outputs")
     proc = specbook(
         "run",

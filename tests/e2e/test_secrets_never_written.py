@@ -50,21 +50,8 @@ PLANTED = {
 }
 
 
-def _target_ready() -> bool:
-    from specbook.errors import ModelNotPreparedError
-    from specbook.models import TARGET, model_path
-
-    try:
-        model_path(TARGET)
-    except ModelNotPreparedError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
-def secret_run(tmp_path_factory):
-    if not _target_ready():
-        pytest.skip("embedded target not prepared: run `specbook models prepare`")
+def secret_run(tmp_path_factory, embedded_target):
     work = tmp_path_factory.mktemp("secrets")
     params = yaml.safe_load((FIXTURES / "params" / "fixture_serve" / "ngram.yaml").read_text())
     params["name"] = "secrets"
