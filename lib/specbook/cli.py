@@ -67,19 +67,38 @@ def _print_frame(frame) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from specbook.runner import run_experiment
+    from specbook.runner import resume_experiment, run_experiment
 
     _load_experiments()
+    if args.resume is None and (args.experiment is None or args.params_file is None):
+        raise SpecbookError("run: give EXPERIMENT and -f PARAMS, or --resume RUN_DIR")
+    if args.resume is not None and (args.params_file is not None or args.outputs is not None):
+        raise SpecbookError("run --resume: the params and the folder are the run's own; give a value redacted in "
+                            "its params.yaml with -p FIELD=VALUE (no -f, no --outputs)")
+    if args.resume is None and (args.allow_params_change or args.allow_git_change):
+        raise SpecbookError("run: --allow-params-change and --allow-git-change go with --resume")
     try:
-        result = run_experiment(
-            args.experiment,
-            args.params_file,
-            overrides=args.override,
-            outputs_root=args.outputs,
-            notebook=args.notebook,
-            kernel=args.kernel,
-            progress=not args.no_progress,
-        )
+        if args.resume is not None:
+            result = resume_experiment(
+                args.resume,
+                overrides=args.override,
+                experiment=args.experiment,
+                allow_params_change=args.allow_params_change,
+                allow_git_change=args.allow_git_change,
+                notebook=args.notebook,
+                kernel=args.kernel,
+                progress=not args.no_progress,
+            )
+        else:
+            result = run_experiment(
+                args.experiment,
+                args.params_file,
+                overrides=args.override,
+                outputs_root=args.outputs,
+                notebook=args.notebook,
+                kernel=args.kernel or "specbook",
+                progress=not args.no_progress,
+            )
     except RunError as exc:
         result = getattr(exc, "result", None)
         if result is not None:
@@ -87,7 +106,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"report: {result.report_html or result.report_ipynb}")
         raise
     print(f"run folder: {result.run_dir}")
-    print(f"report: {result.report_html}")
+    print(f"report: {result.report_html or result.report_ipynb}")
+    if result.manifest.render_error:  # the run is ok; only its html is missing
+        print(f"warning: {result.manifest.render_error}\n  make the html later with: specbook render {result.run_dir}",
+              file=sys.stderr)
     return EXIT_OK
 
 
@@ -106,6 +128,29 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     frame = list_runs(args.outputs)
     _print_frame(frame.drop(columns=["run_dir"]) if not args.paths else frame)
+    return EXIT_OK
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from specbook.paths import outputs_dir
+    from specbook.runindex import index_rows, write_index
+
+    root = Path(args.root) if args.root else outputs_dir()
+    if not root.is_dir():
+        raise SpecbookError(f"{root}: no such folder")
+    out = write_index(root)
+    print(f"{len(index_rows(root))} run(s) listed in {out}")
+    return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from specbook.rundiff import diff_html, diff_runs, diff_text
+
+    d = diff_runs(args.run_a, args.run_b)
+    print(diff_text(d), end="")
+    if args.html:
+        Path(args.html).write_text(diff_html(d), encoding="utf-8")
+        print(f"html: {args.html}")
     return EXIT_OK
 
 
@@ -185,15 +230,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("run", cmd_run, "run an experiment: start its servers, execute its notebook, render the report")
-    p.add_argument("experiment", help="experiment name (see params/<experiment>/)")
-    p.add_argument("-f", "--params", dest="params_file", required=True, help="params YAML file")
+    p.add_argument("experiment", nargs="?", default=None,
+                   help="experiment name (see params/<experiment>/); optional with --resume")
+    p.add_argument("-f", "--params", dest="params_file", default=None, help="params YAML file")
     p.add_argument(
         "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
     )
     p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")
     p.add_argument("--notebook", default=None, help="run this notebook instead of the experiment's own")
-    p.add_argument("--kernel", default="specbook", help="Jupyter kernel name (default: specbook)")
+    p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: specbook, or the resumed run's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue an abandoned, failed or interrupted run in its folder: finished units are kept, "
+                        "the rest run (-p gives again a value its params.yaml has redacted)")
+    p.add_argument("--allow-params-change", action="store_true",
+                   help="with --resume: resume although the params differ (recorded in the manifest)")
+    p.add_argument("--allow-git-change", action="store_true",
+                   help="with --resume: resume with a different git commit (recorded in the manifest)")
 
     p = add("list", cmd_list, "list run folders with their status")
     p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")
@@ -205,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run folder")
     p.add_argument("--notebook", default=None, help="render with this notebook instead of the run's own")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = add("index", cmd_index, "write ROOT/index.html listing every run under ROOT (default: outputs/)")
+    p.add_argument("--root", default=None, help="folder of runs, e.g. docs/reports (default: ./outputs or SPECBOOK_OUTPUTS)")
+
+    p = add("diff", cmd_diff, "two runs of one experiment side by side: params, environment, headline verdicts")
+    p.add_argument("run_a", help="a run folder")
+    p.add_argument("run_b", help="another run folder of the same experiment")
+    p.add_argument("--html", default=None, metavar="PATH", help="also write the diff as an HTML page")
 
     p = add("check", cmd_check, "validate a params file without running anything")
     p.add_argument("params_file", help="params YAML file")
@@ -228,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gguf", default=None, metavar="PATH", help="use this local GGUF of the target")
     p.add_argument("--verify-only", action="store_true", help="re-hash the prepared models, make nothing")
 
-    p = add("ingest", cmd_ingest, "parse engine server logs into acceptance figures")
-    p.add_argument("files", nargs="+", metavar="FILE", help="server log files")
+    p = add("ingest", cmd_ingest, "parse engine server logs or vLLM bench results into acceptance figures")
+    p.add_argument("files", nargs="+", metavar="PATH",
+                   help="server log files, `vllm bench serve --save-result` files, `vllm bench sweep serve` folders")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     return parser
 

@@ -21,8 +21,18 @@ from tqdm import tqdm
 from specbook.errors import ClientError
 
 
+def turn_id(prompt_id: str, turn: int) -> str:
+    """The prompt id of one turn of a conversation: the first keeps the request's id, later ones `ID/turnN`."""
+    return prompt_id if turn == 1 else f"{prompt_id}/turn{turn}"
+
+
 class ChatRequest(BaseModel):
-    """One request: chat (`messages`) or plain completion (`prompt`), greedy by default."""
+    """One request: chat (`messages`) or plain completion (`prompt`), greedy by default.
+
+    `follow_up`: further user turns of one conversation (MT-Bench's second question). Each is sent after the
+    previous turn's answer came back, as messages + [assistant: that answer, user: the follow-up], so the
+    model continues from its own answer; every turn gets its own record (`turn` 2.., prompt id `ID/turnN`).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -34,6 +44,8 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     ignore_eos: bool = False
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    category: str | None = None  # the workload's task category, carried into every record
+    follow_up: list[str] = Field(default_factory=list)
 
     @field_validator("prompt_id", mode="before")
     @classmethod
@@ -44,7 +56,19 @@ class ChatRequest(BaseModel):
     def _one_input(self) -> ChatRequest:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError(f"request {self.prompt_id!r}: give exactly one of 'messages' or 'prompt'")
+        if self.follow_up and self.messages is None:
+            raise ValueError(f"request {self.prompt_id!r}: 'follow_up' turns need a chat request ('messages')")
         return self
+
+    def next_turn(self, answer: str, prompt_id: str) -> ChatRequest:
+        """The conversation's next request: these messages, the model's `answer` to them, the first follow-up
+        as the new user turn; the follow-ups after it stay for the turns after that."""
+        if self.messages is None or not self.follow_up:
+            raise ValueError(f"request {self.prompt_id!r}: no follow-up turn left")
+        messages = [*self.messages, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": self.follow_up[0]}]
+        return self.model_copy(update={"prompt_id": prompt_id, "messages": messages,
+                                       "follow_up": self.follow_up[1:]})
 
     @property
     def endpoint(self) -> str:
@@ -71,6 +95,8 @@ class RequestRecord(BaseModel):
     """What one request produced and how long it took (times in seconds; started_at is Unix time)."""
 
     prompt_id: str
+    category: str | None = None
+    turn: int = 1  # 1, or 2.. for a request's follow-up turns
     output_text: str = ""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -163,30 +189,48 @@ async def _post_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: 
 STALLED = "Stalled"  # error prefix of requests not sent because an earlier one got no token in time
 
 
+async def _send_turn(
+    http: httpx.AsyncClient, req: ChatRequest, model: str, stream: bool, stalled: asyncio.Event, turn: int,
+) -> RequestRecord:
+    rec = RequestRecord(prompt_id=req.prompt_id, category=req.category, turn=turn, started_at=time.time())
+    t0 = time.perf_counter()
+    if stalled.is_set():  # the server stopped answering: do not wait the stall bound once per request
+        rec.error = f"{STALLED}: not sent, an earlier request received no token within the stall bound"
+        rec.wall_s = 0.0
+        return rec
+    try:
+        if stream:
+            await _stream_one(http, req, model, rec, t0)
+        else:
+            await _post_one(http, req, model, rec)
+    except httpx.ReadTimeout as exc:
+        stalled.set()
+        rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except (httpx.HTTPError, ClientError, ValueError, KeyError, TypeError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    rec.wall_s = time.perf_counter() - t0
+    _finish_timings(rec)
+    return rec
+
+
 async def _run_one(
     http: httpx.AsyncClient, sem: asyncio.Semaphore, req: ChatRequest, model: str, stream: bool,
     stalled: asyncio.Event,
-) -> RequestRecord:
+) -> list[RequestRecord]:
+    """A request and its follow-up turns, one after another in one concurrency slot: one record per turn."""
     async with sem:
-        rec = RequestRecord(prompt_id=req.prompt_id, started_at=time.time())
-        t0 = time.perf_counter()
-        if stalled.is_set():  # the server stopped answering: do not wait the stall bound once per request
-            rec.error = f"{STALLED}: not sent, an earlier request received no token within the stall bound"
-            rec.wall_s = 0.0
-            return rec
-        try:
-            if stream:
-                await _stream_one(http, req, model, rec, t0)
-            else:
-                await _post_one(http, req, model, rec)
-        except httpx.ReadTimeout as exc:
-            stalled.set()
-            rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        except (httpx.HTTPError, ClientError, ValueError, KeyError, TypeError) as exc:
-            rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        rec.wall_s = time.perf_counter() - t0
-        _finish_timings(rec)
-        return rec
+        current = req
+        records = [await _send_turn(http, current, model, stream, stalled, 1)]
+        for turn in range(2, len(req.follow_up) + 2):
+            previous = records[-1]
+            if previous.error is not None:  # no answer to continue from
+                records.append(RequestRecord(
+                    prompt_id=turn_id(req.prompt_id, turn), category=req.category, turn=turn,
+                    started_at=time.time(), error=f"not sent: turn {turn - 1} failed ({previous.error[:200]})"))
+                continue
+            current = current.next_turn(previous.output_text, turn_id(req.prompt_id, turn))
+            records.append(await _send_turn(http, current, model, stream, stalled, turn))
+        return records
 
 
 async def run_requests(
@@ -201,7 +245,8 @@ async def run_requests(
     progress: bool = True,
     desc: str | None = None,
 ) -> list[RequestRecord]:
-    """Send `requests` with at most `concurrency` in flight; records come back in input order.
+    """Send `requests` with at most `concurrency` in flight; records come back in input order, a request's
+    follow-up turns right after it (one record per turn).
 
     `timeout_s` bounds connecting and a whole non-streamed response; `stall_timeout_s` (default: the same)
     bounds the wait for the next bytes of a response: a streamed request that receives no token for that
@@ -222,11 +267,11 @@ async def run_requests(
         tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream, stalled)) for r in requests]
         with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
             for fut in asyncio.as_completed(tasks):
-                rec = await fut
+                recs = await fut
                 bar.update(1)
-                if rec.error:
-                    bar.set_postfix_str(f"last error: {rec.error[:60]}")
-        records = [t.result() for t in tasks]
+                if any(r.error for r in recs):
+                    bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
+        records = [r for t in tasks for r in t.result()]
     if all(r.error for r in records):
         err = ClientError(
             f"all {len(records)} requests to {base_url} (model {model!r}) failed; first: {records[0].error}"

@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from specbook.errors import ExperimentError
-from specbook.stats import ArmSummary, delta_vs_baseline, summarize
+from specbook.stats import PAIRED_METHOD, WELCH_METHOD, ArmSummary, delta_vs_baseline, summarize
 
 
 class DecisionRule(BaseModel):
@@ -33,6 +33,11 @@ class DecisionRule(BaseModel):
     )
     alpha: float = Field(0.05, gt=0, lt=1, description="TOST significance level")
     require_tost: bool = Field(True, description="TOST must pass too (else it is reported, not required)")
+    spending: Literal["obrien_fleming", "pocock"] = Field(
+        "obrien_fleming",
+        description="adaptive sweeps (sweeps_min < sweeps_max): the Lan-DeMets alpha-spending function of the "
+        "group-sequential tests (specbook.sequential)",
+    )
 
     def describe(self) -> str:
         tost = "required" if self.require_tost else "reported only"
@@ -41,7 +46,9 @@ class DecisionRule(BaseModel):
             f"baseline mean, |delta| <= {self.max_abs_delta_over_sd:g} x baseline sd, and TOST p < {self.alpha:g} "
             f"for a +/-{self.tost_margin_pct:g}% margin ({tost}); when both arms are deterministic (sd = 0) the sd "
             f"and TOST criteria are n/a and |delta| <= {self.tost_margin_pct:g}% decides. "
-            f"'different' iff the delta's bootstrap CI excludes 0 and |delta| > {self.tost_margin_pct:g}%."
+            f"'different' iff the delta's {1 - self.alpha:.0%} t CI excludes 0 and |delta| > "
+            f"{self.tost_margin_pct:g}%. Intervals and tests: {PAIRED_METHOD} when the comparison is paired by "
+            f"sweep and every sweep has both arms, else {WELCH_METHOD}; each comparison names its method."
         )
 
 
@@ -244,26 +251,27 @@ def evaluate(
 
 
 def evaluate_difference(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) -> DifferenceVerdict:
-    """Positive control: 'different' iff the delta's bootstrap CI excludes 0 and |delta| > the margin."""
+    """Positive control: 'different' iff the delta's t CI (paired or Welch, as the row says) excludes 0 and
+    |delta| > the margin."""
     _check_margin(rule, row)
     arm, base_name = str(_get(row, "arm")), str(_get(row, "baseline"))
     lo, hi = float(_get(row, "ci_low")), float(_get(row, "ci_high"))
     delta_pct = float(_get(row, "delta_pct"))
     ci = float(_get(row, "ci"))
+    df = float(_get(row, "ci_df"))
+    # NaN bounds (an arm with one sweep) exclude nothing.
     excl = lo > 0 or hi < 0
-    crit = [
-        Criterion(
-            "ci_excludes_zero",
-            excl,
-            lo if lo > 0 else hi,
-            0.0,
-            _line(
-                "ci_excludes_zero",
-                excl,
-                f"{ci:.0%} bootstrap CI of delta [{lo:.4g}, {hi:.4g}] {'excludes' if excl else 'includes'} 0",
-            ),
-        ),
-    ]
+    method = str(_get(row, "ci_method"))
+    word = "excludes" if excl else "includes"
+    if math.isnan(df):
+        body = f"{ci:.0%} CI of delta [{lo:.4g}, {hi:.4g}]: {method}"
+    elif method.startswith("paired t"):
+        body = f"{ci:.0%} CI of delta [{lo:.4g}, {hi:.4g}], {method}, {word} 0"
+    else:
+        body = f"{ci:.0%} Welch t CI of delta [{lo:.4g}, {hi:.4g}] (df {df:.3g}) {word} 0"
+        if method != WELCH_METHOD:  # why it is not paired
+            body += f"; {method.removeprefix(WELCH_METHOD + '; ')}"
+    crit = [Criterion("ci_excludes_zero", excl, lo if lo > 0 else hi, 0.0, _line("ci_excludes_zero", excl, body))]
     big = abs(delta_pct) > rule.tost_margin_pct
     crit.append(
         Criterion(
@@ -314,13 +322,14 @@ def compare_and_decide(
     baseline: str,
     rule: DecisionRule,
     *,
-    n_boot: int = 10_000,
-    seed: int = 0,
     arms: Sequence[str] | None = None,
     expectation: Callable[[str], str] | None = None,
+    sweep_col: str | None = None,
 ) -> tuple[pd.DataFrame, list[Verdict | DifferenceVerdict]]:
     """delta_vs_baseline with the rule's margin, then one verdict per variant arm.
 
+    sweep_col: pair each comparison by sweep (paired t when every sweep has both arms, else Welch; see
+    stats.delta_vs_baseline).
     arms: compare only these variants (with the baseline); None: every arm in `df`.
     expectation: arm name -> "different" (judged by evaluate_difference, a positive control) or
     "equivalent" (judged by evaluate); None judges every arm for equivalence.
@@ -333,9 +342,8 @@ def compare_and_decide(
         if missing:
             raise ExperimentError(f"arms {missing} are not in column {arm_col!r}; arms: {sorted(present)}")
         df = df[df[arm_col].isin([baseline, *arms])]
-    rows = delta_vs_baseline(
-        df, arm_col, value_col, baseline, margin_pct=rule.tost_margin_pct, n_boot=n_boot, seed=seed
-    )
+    rows = delta_vs_baseline(df, arm_col, value_col, baseline, margin_pct=rule.tost_margin_pct, ci=1 - rule.alpha,
+                             sweep_col=sweep_col)
     base = summarize(df.loc[df[arm_col] == baseline, value_col])
     verdicts: list[Verdict | DifferenceVerdict] = []
     for _, row in rows.iterrows():

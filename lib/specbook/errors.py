@@ -77,6 +77,10 @@ class RunError(SpecbookError):
     """A book run failed; the run folder keeps what was measured."""
 
 
+class DiskFullError(RunError):
+    """A run's file could not be written: the disk is full (or a file size limit or quota was hit); names the file."""
+
+
 class NotebookExecutionError(RunError):
     """A notebook cell failed; names the cell."""
 

@@ -30,14 +30,26 @@ class GuardThresholds(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    min_distinct_ratio: float = Field(0.3, ge=0.0, le=1.0, description="distinct ids / tokens below this is degenerate")
-    distinct_min_tokens: int = Field(32, ge=1, description="the distinct-ratio check needs at least this many tokens")
+    # A low distinct-id ratio is reported beside a repeated n-gram, never alone: a plain count ("1, 2, 3, ...",
+    # tokenised digit by digit) has few distinct ids and no repeated n-gram, and is ordinary work.
+    min_distinct_ratio: float = Field(
+        0.3, ge=0.0, le=1.0, description="distinct ids / tokens below this is named beside a repeated n-gram"
+    )
+    distinct_min_tokens: int = Field(32, ge=1, description="the distinct ratio is named only from this many tokens")
     loop_max_period: int = Field(64, ge=1, description="longest repeated n-gram (in tokens) looked for")
     loop_min_repeats: float = Field(3.0, ge=2.0, description="a periodic run must repeat its n-gram this many times")
     loop_min_fraction: float = Field(
         0.25, ge=0.0, le=1.0, description="and cover at least this fraction of the output to be a loop"
     )
     loop_min_tokens: int = Field(16, ge=1, description="and span at least this many tokens")
+    # A loop with a counter in it ("1. Yes\n2. Yes\n...") is not periodic token for token: one n-gram
+    # (". Yes\n") recurs between changing ids. It is found by how much of the output that n-gram covers.
+    ngram_min_len: int = Field(3, ge=2, description="shortest n-gram (tokens) whose recurrence can make a loop")
+    ngram_max_len: int = Field(32, ge=2, description="longest n-gram (tokens) looked for")
+    ngram_min_repeats: int = Field(4, ge=2, description="non-overlapping occurrences a recurring n-gram needs")
+    ngram_min_coverage: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of the output its occurrences must cover to make it degenerate"
+    )
     length_tolerance: float = Field(0.0, ge=0.0, description="relative completion-length difference tolerated")
     divergence_tolerance: float = Field(
         0.0, ge=0.0, le=1.0, description="a first difference in the last fraction of the shorter output is tolerated"
@@ -84,17 +96,80 @@ def longest_loop(tokens: Tokens, max_period: int = 64) -> Loop | None:
     return best
 
 
+@dataclass(frozen=True)
+class RepeatedNgram:
+    """The n-gram whose non-overlapping occurrences cover most of an output (gaps between them allowed)."""
+
+    ngram: tuple[int, ...]
+    count: int
+    first: int
+    total: int  # tokens in the output
+
+    @property
+    def coverage(self) -> float:
+        return len(self.ngram) * self.count / self.total if self.total else 0.0
+
+
+def _non_overlapping(positions: list[int], n: int) -> list[int]:
+    kept: list[int] = []
+    for p in positions:
+        if not kept or p >= kept[-1] + n:
+            kept.append(p)
+    return kept
+
+
+def _counts_through(gram: tuple[int, ...], kept: list[int], toks: list[int]) -> bool:
+    """True when the n-gram's own ids also fill the short gaps between its occurrences.
+
+    Then it is part of a changing sequence, not a repeat: in "100, 101, 102" (digit by digit) ", 1"
+    recurs, but its "1" is also one of the digits that change between occurrences. The counter of a
+    loop ("1. Yes\n2. Yes\n") fills the gaps with ids the repeated ". Yes\n" never holds.
+    """
+    n = len(gram)
+    between: set[int] = set()
+    for a, b in zip(kept, kept[1:], strict=False):
+        gap = toks[a + n:b]
+        if len(gap) <= n:  # a counter's slot; a long gap is other text
+            between.update(gap)
+    return not between.isdisjoint(gram)
+
+
+def most_covering_ngram(tokens: Tokens, min_len: int = 3, max_len: int = 32, min_repeats: int = 2) -> RepeatedNgram | None:
+    """The n-gram (min_len..max_len tokens, at least `min_repeats` non-overlapping occurrences) covering most tokens.
+
+    An n-gram that counts through its gaps (`_counts_through`) is not a repeat and is passed over.
+
+    Ties go to the longer n-gram. O(len * max_len^2) at worst; outputs here are a few hundred tokens.
+    """
+    toks = list(tokens)
+    n_total = len(toks)
+    best: RepeatedNgram | None = None
+    for n in range(min_len, min(max_len, n_total // 2) + 1):
+        where: dict[tuple[int, ...], list[int]] = {}
+        for i in range(n_total - n + 1):
+            where.setdefault(tuple(toks[i:i + n]), []).append(i)
+        for gram, positions in where.items():
+            if len(positions) < min_repeats or n * len(positions) < (best.coverage * n_total if best else 0):
+                continue
+            kept = _non_overlapping(positions, n)
+            if len(kept) < min_repeats or _counts_through(gram, kept, toks):
+                continue
+            found = RepeatedNgram(gram, len(kept), kept[0], n_total)
+            if best is None or found.coverage >= best.coverage:
+                best = found
+    return best
+
+
 def degenerate_reasons(tokens: Tokens, th: GuardThresholds | None = None) -> list[str]:
-    """Why this output is degenerate (empty list: it is not)."""
+    """Why this output is degenerate (empty list: it is not).
+
+    Degenerate means a repeated n-gram covers it: an exact periodic run (`longest_loop`), or one n-gram
+    recurring between changing ids (a loop with a counter) over `ngram_min_coverage` of it. A low
+    distinct-id ratio is added to the reasons when one of those fires; on its own it decides nothing.
+    """
     th = th or GuardThresholds()
     reasons: list[str] = []
     n = len(tokens)
-    if n >= th.distinct_min_tokens:
-        ratio = distinct_token_ratio(tokens)
-        if ratio < th.min_distinct_ratio:
-            reasons.append(
-                f"{len(set(tokens))} distinct token ids in {n} tokens (ratio {ratio:.2f} < {th.min_distinct_ratio})"
-            )
     loop = longest_loop(tokens, th.loop_max_period)
     if (
         loop is not None
@@ -106,6 +181,18 @@ def degenerate_reasons(tokens: Tokens, th: GuardThresholds | None = None) -> lis
             f"a {loop.period}-token n-gram repeats {loop.repeats:.1f}x from token {loop.start} "
             f"({loop.span} of {n} tokens)"
         )
+    gram = None if reasons else most_covering_ngram(tokens, th.ngram_min_len, th.ngram_max_len, th.ngram_min_repeats)
+    if gram is not None and gram.coverage >= th.ngram_min_coverage:
+        reasons.append(
+            f"a {len(gram.ngram)}-token n-gram recurs {gram.count}x from token {gram.first}, covering "
+            f"{len(gram.ngram) * gram.count} of {n} tokens ({gram.coverage:.0%} >= {th.ngram_min_coverage:.0%})"
+        )
+    if reasons and n >= th.distinct_min_tokens:
+        ratio = distinct_token_ratio(tokens)
+        if ratio < th.min_distinct_ratio:
+            reasons.append(
+                f"{len(set(tokens))} distinct token ids in {n} tokens (ratio {ratio:.2f} < {th.min_distinct_ratio})"
+            )
     return reasons
 
 

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbook import progress
 from specbook.acceptance import Acceptance
 from specbook.client import STALLED
 from specbook.errors import ClientError, RunError, ServerDiedError, ServerHungError
@@ -81,6 +82,16 @@ class Window:
     def log_intervals(self) -> pd.DataFrame:
         """The engine's own log records of the window (vLLM: stats intervals; llama.cpp: per request)."""
         return self.engine.log_intervals(self.log_text().splitlines(keepends=True))
+
+
+def request_span_s(records: Sequence[RequestRecord], fallback: float) -> float:
+    """First request sent to last response ended: the duration tok/s divides by, as `vllm bench serve` does.
+    The client's own set-up and teardown around the requests (0.1-0.3 s, measured against vLLM's client in
+    benchmarks/client_fidelity.py) is not the server's time; `fallback` where no request has a start time."""
+    timed = [r for r in records if r.started_at > 0]
+    if not timed:
+        return fallback
+    return max(r.started_at + r.wall_s for r in timed) - min(r.started_at for r in timed)
 
 
 def log_size(path: Path) -> int:
@@ -187,8 +198,10 @@ class Server:
         except ClientError as exc:  # every request failed: a dead or hung server is the cause to name
             self._check_alive(getattr(exc, "records", []), stall_timeout_s)
             raise
-        wall = time.monotonic() - t0
+        wall = request_span_s(records, fallback=time.monotonic() - t0)
         self._check_alive(records, stall_timeout_s)
+        progress.note(f"{self.name}: " + progress.requests_line(
+            sum(1 for r in records if not r.error), len(records), sum(r.completion_tokens or 0 for r in records), wall))
         if flush_wait_s > 0:
             time.sleep(flush_wait_s)
         after = scrape(self.base_url)
@@ -210,8 +223,10 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
     managed = launch(cfg, name=name, log_path=run.log_path(name))
     versions: dict[str, str] = {"engine": engine.name}
     status, error = "ok", None
+    progress.note(f"{name}: starting {engine.name} server")
     try:
         with managed:
+            progress.note(f"{name}: server ready in {progress.duration(managed.ready_s)}")
             versions = engine.probe_versions(managed.base_url)
             yield Server(managed, engine, cfg, versions)
     except (KeyboardInterrupt, SystemExit) as exc:

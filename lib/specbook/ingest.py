@@ -1,10 +1,15 @@
-"""`specbook ingest FILE... --json`: one summary per server log, the engine detected from the log's content.
+"""`specbook ingest PATH... --json`: one summary per server log or benchmark run, the format detected from content.
 
 Each registered engine adapter (specbook.engines) recognises its own log (`detect_log(head_lines)`: how
 many of the first lines carry its signatures) and summarises it through its own log parser
 (`summarise_log(path)`); this module only checks the files, picks the engine with most hits and writes
 the result in one schema, IngestResult. Formats specbook can recognise but not read yet (SGLang) are
 named in the error.
+
+vLLM's own benchmark outputs are read too (specbook.engines.vllm.benchresult): a `vllm bench serve
+--save-result` JSON file is detected by its content before any log detector runs, and a `vllm bench sweep
+serve` output folder by its run=N.json files; each measured run becomes one BenchIngestResult, its counts
+through the same acceptance model.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from specbook.acceptance import DEFINITION, FIRST_POSITION, Acceptance
 from specbook.engines import get_engine, list_engines
+from specbook.engines.vllm import benchresult
 from specbook.errors import IngestError
 
 # How much of a file's head the engine detector reads (startup banners come first).
@@ -130,24 +136,135 @@ def detect_engine(lines: Sequence[str] | Iterable[str]) -> str | None:
     return best if hits[best] else None
 
 
+class BenchIngestResult(BaseModel):
+    """What `specbook ingest` prints for one run of vLLM's `vllm bench serve` (a --save-result file, or one
+    run=N.json of a `vllm bench sweep serve` folder): one JSON object per run.
+
+    The acceptance fields follow the acceptance model from the /metrics deltas vLLM saved (drafts,
+    draft_tokens, accepted_tokens, per-position rates x drafts); `vllm_al` is the AL vLLM printed, kept beside
+    specbook's for a check (the same definition: they agree). Throughput and latencies are vLLM's own
+    figures, unchanged: output_tok_s = total_output_tokens / duration_s (usage-counted tokens over the
+    benchmark's wall time), TTFT to the first streamed chunk, TPOT = (latency - TTFT) / (output tokens - 1).
+    Without speculation (or with no draft in the run) vLLM saves no counters: drafts, al are null.
+    """
+
+    file: str
+    engine: str = Field(description="the engine whose benchmark client wrote the file")
+    source: str
+    record_kind: str = Field(description="'bench run'")
+    combination: str | None = Field(description="sweep: the combination's folder (serve/bench parameters)")
+    run_number: int | None = Field(description="sweep: the run's number within its combination")
+    drafts: int | None
+    draft_tokens: int | None
+    accepted_tokens: int | None
+    k: int | None
+    al: float | None = Field(description=DEFINITION)
+    acceptance_rate: float | None = Field(description="accepted_tokens / draft_tokens (vLLM saves it x 100)")
+    accepted_per_position: list[PositionCount]
+    vllm_al: float | None = Field(description="spec_decode_acceptance_length as vLLM saved it")
+    backend: str | None
+    model_id: str | None
+    num_prompts: int | None
+    max_concurrency: int | None
+    request_rate: float | str | None
+    completed: int | None
+    failed: int | None
+    duration_s: float | None
+    total_input_tokens: int | None
+    total_output_tokens: int | None
+    output_tok_s: float | None
+    request_per_s: float | None
+    mean_ttft_ms: float | None
+    median_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    median_tpot_ms: float | None
+    mean_itl_ms: float | None
+    median_itl_ms: float | None
+    date: str | None
+    note: str | None = None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def bench_run_result(run: benchresult.BenchRun, note: str | None = None) -> dict[str, Any]:
+    """BenchIngestResult of one vLLM benchmark run, as JSON-ready data."""
+    acc = run.acceptance()
+    if acc is None:
+        fields: dict[str, Any] = {"source": benchresult.SOURCE, "drafts": None, "draft_tokens": None,
+                                  "accepted_tokens": None, "al": None, "acceptance_rate": None,
+                                  "accepted_per_position": []}
+        note = note or "no spec_decode counters in this result: the server ran without speculation or drafted nothing"
+        k = None
+    else:
+        fields = acceptance_fields(acc)
+        k = acc.k or None
+        if acc.k and sum(acc.accepted_per_position) != acc.accepted_tokens:
+            note = (note + "; " if note else "") + (
+                f"per-position counts sum to {sum(acc.accepted_per_position):g}, not accepted_tokens "
+                f"{acc.accepted_tokens:g}")
+    rate = run.get("request_rate")
+    result = BenchIngestResult(
+        file=str(run.file), engine="vllm", record_kind="bench run", combination=run.combination,
+        run_number=_int(run.number("run_number")), k=k, vllm_al=_finite(run.number("spec_decode_acceptance_length")),
+        backend=run.text("backend") or run.text("endpoint_type"), model_id=run.text("model_id"),
+        num_prompts=_int(run.number("num_prompts")), max_concurrency=_int(run.number("max_concurrency")),
+        request_rate=rate if isinstance(rate, str) else run.number("request_rate"),
+        completed=_int(run.number("completed")), failed=_int(run.number("failed")),
+        duration_s=run.number("duration"), total_input_tokens=_int(run.number("total_input_tokens")),
+        total_output_tokens=_int(run.number("total_output_tokens")), output_tok_s=run.number("output_throughput"),
+        request_per_s=run.number("request_throughput"),
+        mean_ttft_ms=run.number("mean_ttft_ms"), median_ttft_ms=run.number("median_ttft_ms"),
+        mean_tpot_ms=run.number("mean_tpot_ms"), median_tpot_ms=run.number("median_tpot_ms"),
+        mean_itl_ms=run.number("mean_itl_ms"), median_itl_ms=run.number("median_itl_ms"),
+        date=run.text("date"), note=note, **fields,
+    )
+    return result.model_dump(mode="json")
+
+
 def _check_readable(path: Path) -> None:
     if not path.exists():
         raise IngestError(f"log file {path} does not exist")
+    if path.is_dir() and benchresult.is_sweep_folder(path):
+        return
     if not path.is_file():
-        raise IngestError(f"log file {path} is not a regular file")
+        raise IngestError(f"log file {path} is not a regular file (nor a vllm bench sweep folder with run=N.json)")
     if not os.access(path, os.R_OK):
         raise IngestError(f"log file {path} is not readable")
 
 
-def ingest_file(path: str | Path) -> dict[str, Any]:
-    """IngestResult of one server log, as JSON-ready data; IngestError naming the file when it is missing,
-    unreadable, or no registered engine's log."""
+def ingest_path(path: str | Path) -> list[dict[str, Any]]:
+    """The records of one path: a server log (one IngestResult), a vLLM bench result file (one
+    BenchIngestResult per run it holds) or a vLLM bench sweep folder (one per run=N.json)."""
     path = Path(path)
     _check_readable(path)
-    engine = detect_engine(read_head(path))
+    if path.is_dir():
+        sweep = benchresult.read_sweep_folder(path)
+        note = (f"this sweep folder also holds {len(sweep.failures)} failed run(s): "
+                f"{', '.join(str(p.relative_to(path)) for p in sweep.failures)}") if sweep.failures else None
+        return [bench_run_result(run, note) for run in sweep.runs]
+    head = read_head(path)
+    if benchresult.detect_result("\n".join(head)):
+        return [bench_run_result(run) for run in benchresult.read_result_file(path)]
+    return [_ingest_log(path, head)]
+
+
+def ingest_file(path: str | Path) -> dict[str, Any]:
+    """IngestResult of one server log (or BenchIngestResult of a one-run vLLM bench result), as JSON-ready data;
+    IngestError naming the file when it is missing, unreadable, or no registered engine's log."""
+    records = ingest_path(path)
+    if len(records) != 1:
+        raise IngestError(f"{path} holds {len(records)} benchmark runs: read it with ingest_path or ingest_files")
+    return records[0]
+
+
+def _ingest_log(path: Path, head: list[str]) -> dict[str, Any]:
+    engine = detect_engine(head)
     if engine is None:
         known = [*list_engines(), *UNREAD_FORMATS]
-        raise IngestError(f"log file {path}: no line looks like a known engine's log ({', '.join(known)})")
+        raise IngestError(f"log file {path}: no line looks like a known engine's log ({', '.join(known)}) "
+                          "nor a vllm bench serve result")
     if engine in UNREAD_FORMATS:
         raise IngestError(
             f"log file {path} looks like a {engine} log, which specbook recognises but does not read yet; "
@@ -160,8 +277,8 @@ def ingest_file(path: str | Path) -> dict[str, Any]:
 
 
 def ingest_files(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """ingest_file for each path, in order; every path is checked before any is parsed."""
+    """ingest_path for each path, in order, flattened; every path is checked before any is parsed."""
     paths = [Path(p) for p in paths]
     for path in paths:
         _check_readable(path)
-    return [ingest_file(p) for p in paths]
+    return [record for p in paths for record in ingest_path(p)]

@@ -1,18 +1,23 @@
 """manifest.json: what a run was (params, git, versions, hardware, servers, renders, status), and its schema.
 
 The manifest is written twice: a preliminary one before the notebook starts (status "running"), and the
-final one after it ends, so even a killed run leaves a record of what it was about to do.
+final one after it ends, so even a killed run leaves a record of what it was about to do. A runner killed
+outright (SIGKILL, OOM) cannot write the final one: its watchdog (specbook.runguard) marks the run "abandoned",
+and `run_status` says so too for a run still marked running whose runner is gone. Each start of the collection
+(the first and every `specbook run --resume`) is one of `parts`.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from specbook.diskwrite import write_text_atomic
 from specbook.errors import RunError
 
 MANIFEST_NAME = "manifest.json"
@@ -84,13 +89,37 @@ class RenderRecord(BaseModel):
     notebook_sha256: str | None = None
     status: Literal["ok", "failed"]
     failed_cell: FailedCell | None = None
+    error: str | None = Field(None, description="why this render failed (a cell, or the html step)")
+    previous_report: str | None = Field(None, description="the folder the report it replaced was moved to "
+                                        "(renders/<n>/: every earlier report is kept)")
+
+
+RunStatus = Literal["running", "ok", "failed", "interrupted", "abandoned"]
+
+
+class RunPart(BaseModel):
+    """One start of a run's collection: the first, and each `specbook run --resume`."""
+
+    started_at: str
+    ended_at: str | None = None
+    duration_s: float | None = None
+    host: str | None = None
+    pid: int | None = None
+    git_sha: str | None = None
+    status: RunStatus = "running"
+    error: str | None = None
+    resumed_from: str | None = Field(None, description="the status the run had when this part resumed it")
+    kept_units: int | None = Field(None, description="finished units kept from earlier parts (not re-run)")
+    set_aside: str | None = Field(None, description="folder holding what unfinished units had left")
+    overrides: list[str] = Field(default_factory=list, description="-p given to the resume (secrets hidden)")
+    forced: list[str] = Field(default_factory=list, description="checks overridden on purpose (--allow-...)")
 
 
 class Manifest(BaseModel):
     schema_version: int = 1
     run_id: str
     experiment: str
-    status: Literal["running", "ok", "failed"] = "running"
+    status: RunStatus = "running"
     failed_cell: FailedCell | None = None
     error: str | None = None
     started_at: str
@@ -115,15 +144,19 @@ class Manifest(BaseModel):
     hardware: dict[str, Any] = Field(default_factory=dict)
     servers: list[ServerRecord] = Field(default_factory=list)
     renders: list[RenderRecord] = Field(default_factory=list)
+    report_status: Literal["ok", "failed"] | None = Field(
+        None, description="report.html rendered (ok) or not (failed: render_error says why; `specbook render` "
+        "retries). A failed html step never fails the run. None in runs recorded before this field")
+    render_error: str | None = None
+    warnings: list[str] = Field(default_factory=list, description="damage the run's files showed and the runner "
+                                "skipped (a servers.jsonl line torn by a killed runner)")
+    parts: list[RunPart] = Field(default_factory=list, description="each start of the collection (empty in runs "
+                                 "recorded before resume existed: one part, the top-level fields)")
 
 
 def write_manifest(run_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
     """Write atomically so a crash mid-write never leaves a half manifest."""
-    path = Path(run_dir) / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(Path(run_dir) / MANIFEST_NAME, manifest.model_dump_json(indent=2) + "\n")
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
@@ -134,3 +167,20 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
         raise RunError(f"{path}: no manifest; is this a specbook run folder?") from None
     except ValueError as exc:
         raise RunError(f"{path}: unreadable manifest: {exc}") from None
+
+
+def run_status(m: Manifest) -> str:
+    """The status to show and act on: "abandoned" also for a run still marked running whose runner died on this
+    host (a watchdog that died with it could not say so)."""
+    if m.status != "running" or m.runner.get("hostname") != socket.gethostname():
+        return m.status
+    pid = m.runner.get("pid")
+    if not isinstance(pid, int):
+        return m.status
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "abandoned"
+    except PermissionError:  # alive, another user's
+        pass
+    return m.status

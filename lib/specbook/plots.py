@@ -119,3 +119,98 @@ def ratio_bars(cells: pd.DataFrame):
     ax.set_title("Per-cell ratio (grey, hatched: not comparable)")
     fig.tight_layout()
     return fig
+
+
+def concurrency_curve(curve: pd.DataFrame, deltas: pd.DataFrame, ci_label: str):
+    """AL and tok/s against concurrency per arm (mean across sweeps, error bars = the analysis' interval),
+    and each knob's AL delta vs the baseline against concurrency; log2 x axis (levels double)."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, metric, ylabel in ((axes[0], "AL", "AL (tokens per draft step)"), (axes[1], "tok/s", "output tok/s")):
+        part = curve[curve["metric"] == metric]
+        for arm, g in part.groupby("arm", sort=True):
+            g = g.sort_values("level")
+            ax.errorbar(g["level"], g["mean"], yerr=[g["mean"] - g["ci_low"], g["ci_high"] - g["mean"]],
+                        marker="o", capsize=3, label=arm)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{metric} vs concurrency ({ci_label})")
+        ax.legend()
+    d = deltas[deltas["metric"] == "AL"]
+    for arm, g in d.groupby("arm", sort=True):
+        g = g.sort_values("level")
+        axes[2].errorbar(g["level"], g["delta"], yerr=[g["delta"] - g["ci_low"], g["ci_high"] - g["delta"]],
+                         marker="o", capsize=3, label=arm)
+    axes[2].axhline(0, color="0.4", lw=0.8)
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_xlabel("concurrency (requests in flight)")
+    axes[2].set_ylabel("AL minus baseline AL")
+    axes[2].set_title("knob effect on AL vs concurrency")
+    if len(d):
+        axes[2].legend()
+    fig.tight_layout()
+    return fig
+
+
+def per_position_bars(table: pd.DataFrame, *, title: str = "Per-position acceptance"):
+    """Position x arm (or x (lane, side)) table of acceptance rates as grouped bars, rate axis 0..1."""
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.9 * len(table) * max(1, len(table.columns)) / 2), 3.4))
+    table.plot.bar(ax=ax, ylim=(0, 1), rot=0)
+    ax.set_xlabel("draft position (from 1)")
+    ax.set_ylabel("acceptance rate (accepted / drafts)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, title=None)
+    fig.tight_layout()
+    return fig
+
+
+def al_per_interval(intervals_by_arm: pd.DataFrame):
+    """AL of each server-log interval (rows: interval in order, columns: arm), one line per arm."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    intervals_by_arm.plot(marker="o", ax=ax)
+    ax.set_xlabel("log interval (in order)")
+    ax.set_ylabel("AL (tokens per draft step)")
+    ax.set_title("AL per server-log interval")
+    fig.tight_layout()
+    return fig
+
+
+def al_by_category(table: pd.DataFrame, *, group: str = "arm", title: str = "AL per task category"):
+    """AL per task category x arm (or x engine side): grouped bars of `al_mean` with the analysis' interval
+    (`ci_low`..`ci_high`; none drawn where the cell has one run), categories in the table's order."""
+    cats = list(dict.fromkeys(table["category"]))
+    groups = list(dict.fromkeys(table[group]))
+    width = 0.8 / max(1, len(groups))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cats) * max(1, len(groups)) / 2 + 2), 3.6))
+    x = np.arange(len(cats))
+    for i, g in enumerate(groups):
+        part = table[table[group] == g].set_index("category").reindex(cats)
+        lo = (part["al_mean"] - part["ci_low"]).clip(lower=0).fillna(0)
+        hi = (part["ci_high"] - part["al_mean"]).clip(lower=0).fillna(0)
+        ax.bar(x + (i - (len(groups) - 1) / 2) * width, part["al_mean"], width, yerr=[lo, hi], capsize=3,
+               label=str(g))
+    ax.set_xticks(x, cats, rotation=20, ha="right")
+    ax.set_ylabel("AL (tokens per draft step)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cost_split_bars(splits: pd.DataFrame):
+    """Per-step cost split: one stacked bar per engine x lane (ms per decode step, parts as costsplit
+    computed them; a part the engine does not tell apart is absent from its bar). Each bar's label names
+    its source: profiler, engine_log or derived."""
+    from specbook.costsplit import PART_LABELS, PARTS
+
+    cols = [f"{p}_ms" for p in PARTS if splits[f"{p}_ms"].notna().any()]
+    table = splits[cols].rename(columns={c: PART_LABELS[c.removesuffix("_ms")] for c in cols})
+    table.index = pd.Index([f"{r.engine} / {r.lane}\n({r.source})" for r in splits.itertuples()])
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(splits) + 3), 4))
+    table.plot.bar(stacked=True, ax=ax, rot=0, width=0.7)
+    ax.set_ylabel("ms per decode step")
+    ax.set_title("Per-step cost split (separate profiled pass)")
+    ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    return fig

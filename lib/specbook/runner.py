@@ -28,24 +28,29 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook import __version__, secrets
+from specbook import __version__, resume, runguard, runindex, secrets
 from specbook.digest import sha256_bytes, sha256_file_or_none
+from specbook.diskwrite import write_text_atomic
 from specbook.errors import NotebookExecutionError, RunError
 from specbook.fingerprint import git_info, hardware_fingerprint, library_versions, python_info
+from specbook.kernels import IPCKernelManager
 from specbook.manifest import (
     MANIFEST_NAME,
     FailedCell,
     Manifest,
     RenderRecord,
+    RunPart,
     iso_utc,
     read_manifest,
+    run_status,
     utc_now,
     write_manifest,
 )
 from specbook.params import dump_params, load_params, params_display_name
 from specbook.paths import outputs_dir, project_root
+from specbook.progress import console as console_progress
 from specbook.report_tables import host_summary
-from specbook.runstore import RunContext
+from specbook.runstore import SERVERS_NAME, RunContext
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,6 +65,7 @@ __all__ = [
     "make_run_dir",
     "render_html",
     "render_run",
+    "resume_experiment",
     "run_experiment",
 ]
 
@@ -259,14 +265,16 @@ def _execute(
         "reuse_data": reuse_data,
     }
     try:
-        papermill.execute_notebook(
-            str(notebook),
-            str(run_dir / REPORT_IPYNB),
-            parameters=parameters,
-            kernel_name=kernel,
-            progress_bar=progress,
-            cwd=str(run_dir),
-        )
+        with console_progress(run_dir / "logs" / "progress.log"):  # the collection's progress, kept out of the report
+            papermill.execute_notebook(
+                str(notebook),
+                str(run_dir / REPORT_IPYNB),
+                parameters=parameters,
+                kernel_name=kernel,
+                progress_bar=progress,
+                cwd=str(run_dir),
+                kernel_manager_class=IPCKernelManager,
+            )
     except PapermillExecutionError as exc:
         failed = _failed_cell_from(exc, notebook)
         return failed, failed.describe()
@@ -293,9 +301,7 @@ def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) 
     resources = {"metadata": {"name": title or src.stem, "path": str(src.parent)}}
     body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4), resources=resources)
     body = _EMPTY_SCRIPT.sub("", body)
-    out = src.with_suffix(".html")
-    out.write_text(body, encoding="utf-8")
-    return out
+    return write_text_atomic(src.with_suffix(".html"), body)
 
 
 def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:
@@ -314,13 +320,17 @@ def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:
 
 
 def _collect_servers(manifest: Manifest, run_dir: Path) -> None:
-    try:
-        servers = RunContext(run_dir).servers()
-    except RunError as exc:  # a damaged servers.jsonl must not cost the final manifest
-        manifest.error = _join_errors(manifest.error, str(exc))
-        return
-    manifest.servers = servers
-    manifest.engine_versions = {s.name: s.versions for s in servers}
+    # a torn servers.jsonl line (a runner killed mid-append) is skipped and said; the other servers stay
+    read = RunContext(run_dir).read_servers()
+    manifest.servers = read.records
+    manifest.engine_versions = {s.name: s.versions for s in read.records}
+    manifest.warnings = [w for w in manifest.warnings if not w.startswith(SERVERS_NAME + ":")] + read.skipped
+
+
+def _record_report(manifest: Manifest, html: Path | None, render_error: str | None) -> None:
+    """Whether report.html exists now; a failed html step is the report's state, never the run's status."""
+    manifest.report_status = "ok" if html is not None else ("failed" if render_error else None)
+    manifest.render_error = render_error
 
 
 def _join_errors(*errors: str | None) -> str | None:
@@ -471,28 +481,108 @@ def run_experiment(
         python=python_info(),
         libraries=library_versions(),
         hardware=hardware_fingerprint(),
+        parts=[RunPart(started_at=iso_utc(started), host=socket.gethostname(), pid=os.getpid(), git_sha=git.sha)],
     )
     write_manifest(run_dir, manifest)
+    return _collect(name, manifest, run_dir, nb_path, kernel, params, shown, progress, t0)
 
+
+def resume_experiment(
+    run_dir: str | os.PathLike[str],
+    overrides: list[str] | tuple[str, ...] = (),
+    experiment: str | None = None,
+    allow_params_change: bool = False,
+    allow_git_change: bool = False,
+    notebook: str | os.PathLike[str] | None = None,
+    kernel: str | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Continue an abandoned, failed or interrupted run in its own folder (`specbook run --resume`).
+
+    The units its collect finished are kept and skipped (specbook.resume), what unfinished ones left is set
+    aside in unfinished/<n>/, the same schedule runs on; the manifest gains a part. Params come from the run's
+    params.yaml: a value redacted there must be given again with `overrides` (`-p field=value`).
+    """
+    from specbook.experiments.registry import get_experiment
+
+    run_dir = Path(run_dir).resolve()
+    manifest = read_manifest(run_dir)
+    status = run_status(manifest)
+    spec = get_experiment(manifest.experiment)
+    units = resume.units_of(manifest.experiment)
+    params_path = run_dir / PARAMS_YAML
+    if not params_path.is_file():
+        raise RunError(f"{params_path}: missing; cannot resume without the run's params")
+    params = load_params(spec.params_model, params_path, list(overrides))
+    shown = _shown(params, list(overrides), list(sys.argv))
+    git = git_info(project_root())
+    forced = resume.check_resumable(manifest, status, experiment=experiment, params_hash=shown.params_hash,
+                                    git_sha=git.sha, allow_params_change=allow_params_change,
+                                    allow_git_change=allow_git_change)
+    if units is None:
+        raise RunError(f"{run_dir}: experiment {manifest.experiment!r} does not declare its units of work "
+                       "(specbook.resume.register_units); it cannot be resumed")
+    resume.check_redacted(params.model_dump(mode="json"), run_dir)
+    nb_path = Path(notebook).resolve() if notebook else spec.notebook_path()
+    check_notebook(nb_path)
+    kernel = kernel or manifest.kernel
+    check_kernel(kernel)
+
+    if shown.params_hash != manifest.params_hash:  # allowed on purpose (forced): the folder shows what runs now
+        dump_params(params, params_path)
+        manifest.params, manifest.params_hash = shown.params, shown.params_hash
+    ctx = RunContext(run_dir)
+    set_aside = resume.set_aside_unfinished(ctx, units)
+    started = utc_now()
+    t0 = time.monotonic()
+    if not manifest.parts:  # a run recorded before parts existed: its first start was one part
+        first = manifest.model_dump()
+        manifest.parts.append(RunPart(started_at=first["started_at"], ended_at=first["ended_at"],
+                                      duration_s=first["duration_s"], host=manifest.runner.get("hostname"),
+                                      pid=manifest.runner.get("pid"), git_sha=manifest.git.sha, status=status,
+                                      error=manifest.error))
+    else:
+        manifest.parts[-1].status = status  # "abandoned" is derived when the watchdog could not write it
+    manifest.parts.append(RunPart(
+        started_at=iso_utc(started), host=socket.gethostname(), pid=os.getpid(), git_sha=git.sha,
+        resumed_from=status, kept_units=len(resume.done_units(ctx, units)), set_aside=set_aside.get("folder"),
+        overrides=shown.overrides, forced=forced))
+    manifest.status, manifest.error, manifest.failed_cell, manifest.ended_at = "running", None, None, None
+    manifest.runner = {"hostname": socket.gethostname(), "pid": os.getpid()}
+    write_manifest(run_dir, manifest)
+    log.info("resuming %s (%s; %d finished units kept%s)", run_dir.name, status, manifest.parts[-1].kept_units,
+             f"; set aside: {set_aside['folder']}" if set_aside else "")
+    return _collect(manifest.experiment, manifest, run_dir, nb_path, kernel, params, shown, progress, t0)
+
+
+def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel: str, params: Any, shown: _Shown,
+             progress: bool, t0: float) -> RunResult:
+    """Execute the notebook collecting (servers run) under the run guard and finalize the manifest."""
     log.info("run folder: %s", run_dir)
+    guard: runguard.Guard | None = None
     try:
-        with _sigterm_as_interrupt(), _kernel_params_file(params, run_dir, shown.hidden_in_params) as kernel_params:
+        with runguard.guarded(run_dir) as guard, \
+                _kernel_params_file(params, run_dir, shown.hidden_in_params) as kernel_params:
             failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress,
                                           params_file=kernel_params)
     except BaseException as exc:  # Ctrl-C or SIGTERM: keep what was measured, record it, let it through
-        manifest.status = "failed"
+        manifest.status = "interrupted"
         manifest.failed_cell = _last_started_cell(exc, run_dir / REPORT_IPYNB, nb_path)
         _scrub_report(run_dir, shown.scrub)
-        _, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
-        manifest.error = _join_errors(f"interrupted: {type(exc).__name__} {exc}".strip(), render_error)
+        html, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
+        _record_report(manifest, html, render_error)
+        how = guard.describe() if guard is not None else ""
+        manifest.error = (f"interrupted: {type(exc).__name__} {exc}".strip()
+                          + (f" ({how})" if how and how not in str(exc) else ""))
         _finalize(manifest, run_dir, t0, shown.scrub)
         raise
     manifest.failed_cell = failed_cell
     _scrub_report(run_dir, shown.scrub)
     html, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
-    # a run without its report is not done, even when every cell ran
-    manifest.status = "failed" if error or render_error else "ok"
-    manifest.error = _join_errors(error, render_error)
+    # the html is the report's state, not the run's: every cell ran, so the run is ok (`specbook render` retries)
+    manifest.status = "failed" if error else "ok"
+    manifest.error = error
+    _record_report(manifest, html, render_error)
     _finalize(manifest, run_dir, t0, shown.scrub)
     result = RunResult(run_dir, manifest.status, failed_cell, run_dir / REPORT_IPYNB, html, manifest)
     return _raise_if_failed(result, f"run of {name}")
@@ -500,10 +590,17 @@ def run_experiment(
 
 def _finalize(manifest: Manifest, run_dir: Path, t0: float, scrub: secrets.Scrubber | None = None) -> None:
     manifest.ended_at = iso_utc(utc_now())
-    manifest.duration_s = round(time.monotonic() - t0, 3)
     _collect_servers(manifest, run_dir)
     _scrub_manifest(manifest, scrub or secrets.Scrubber())
+    if manifest.parts:  # this part ends as the run does; the run's duration is its parts' together
+        part = manifest.parts[-1]
+        part.ended_at, part.duration_s = manifest.ended_at, round(time.monotonic() - t0, 3)
+        part.status, part.error = manifest.status, manifest.error
+        manifest.duration_s = round(sum(p.duration_s or 0.0 for p in manifest.parts), 3)
+    else:
+        manifest.duration_s = round(time.monotonic() - t0, 3)
     write_manifest(run_dir, manifest)
+    runindex.refresh_index(run_dir.parent.parent)  # outputs/index.html lists this run too
 
 
 def _render_notebook(manifest: Manifest, notebook: str | os.PathLike[str] | None) -> Path:
@@ -525,6 +622,43 @@ def _render_host() -> str:
     return f"{socket.gethostname()} ({row.get('cpu') or 'cpu?'}, {row['gpus']} GPU{'s' if row['gpus'] != 1 else ''})"
 
 
+RENDERS_DIR = "renders"
+
+
+def _keep_previous_report(run_dir: Path) -> str | None:
+    """Move report.ipynb / report.html to renders/<n>/ (the next free n); the folder, or None when none exists."""
+    current = [run_dir / name for name in (REPORT_IPYNB, REPORT_HTML) if (run_dir / name).exists()]
+    if not current:
+        return None
+    renders = run_dir / RENDERS_DIR
+    renders.mkdir(exist_ok=True)
+    n = 1 + max((int(p.name) for p in renders.iterdir() if p.name.isdigit()), default=0)
+    target = renders / str(n)
+    target.mkdir()
+    for path in current:
+        os.replace(path, target / path.name)
+    return f"{RENDERS_DIR}/{n}"
+
+
+_HTML_FAILED = "html render failed:"
+
+
+def _failed_only_in_html(manifest: Manifest) -> bool:
+    """A run every cell of which ran, marked failed for its html step alone (recorded before that stopped
+    failing a run): the runner joined a cell's error before the html's, so an error that starts with the html's
+    had none."""
+    return (manifest.status == "failed" and manifest.failed_cell is None
+            and (manifest.error or "").startswith(_HTML_FAILED))
+
+
+def _mark_ok(manifest: Manifest) -> None:
+    """Every cell of the collection ran: the run is ok (the html error it recorded was the report's, now made)."""
+    for part in manifest.parts[-1:]:
+        if part.status == "failed" and part.error == manifest.error:
+            part.status, part.error = "ok", None
+    manifest.status, manifest.error = "ok", None
+
+
 def render_run(
     run_dir: str | os.PathLike[str],
     notebook: str | os.PathLike[str] | None = None,
@@ -534,8 +668,11 @@ def render_run(
     """Re-execute this project's notebook for the run's experiment on its saved data (reuse_data=True, no
     server) and re-render the html.
 
-    The previous report is kept as report.prev.ipynb / report.prev.html (an older .prev is replaced);
-    the manifest's status stays the collection's, each render is appended to manifest.renders.
+    Every earlier report is kept: the one this render replaces moves to renders/<n>/ (report.ipynb, report.html;
+    n = 1, 2, ... oldest first), named by the render's record. Each render is appended to manifest.renders, and
+    `report_status` / `render_error` say whether report.html now exists. The manifest's status stays the
+    collection's, except in a run marked failed only because its html step failed (runs recorded before a
+    failed html stopped failing a run): once the report renders, that run is ok.
     """
     run_dir = Path(run_dir).resolve()
     manifest = read_manifest(run_dir)
@@ -546,11 +683,7 @@ def render_run(
     if not (run_dir / PARAMS_YAML).is_file():
         raise RunError(f"{run_dir / PARAMS_YAML}: missing; cannot re-render without the run's params")
 
-    for name in (REPORT_IPYNB, REPORT_HTML):
-        cur = run_dir / name
-        if cur.exists():
-            os.replace(cur, cur.with_name(cur.stem + ".prev" + cur.suffix))
-
+    previous = _keep_previous_report(run_dir)
     log.info("re-rendering %s", run_dir)
     with _sigterm_as_interrupt():
         failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=True, progress=progress)
@@ -565,9 +698,17 @@ def render_run(
             notebook_sha256=sha256_file_or_none(nb_path),
             status=status,
             failed_cell=failed_cell,
+            error=_join_errors(error, render_error),
+            previous_report=previous,
         )
     )
+    # the report now: made whole (ok), or failed (a cell on the saved data, or the html step)
+    manifest.report_status = "ok" if html is not None and not error else "failed"
+    manifest.render_error = _join_errors(error, render_error)
+    if html is not None and not error and _failed_only_in_html(manifest):
+        _mark_ok(manifest)
     write_manifest(run_dir, manifest)
+    runindex.refresh_index_of(run_dir)  # the index the run is listed in shows the new headline
     # the returned manifest carries the render's outcome; the file keeps the collection's status
     view = manifest.model_copy(
         update={"status": status, "failed_cell": failed_cell, "error": _join_errors(error, render_error)}
@@ -590,22 +731,6 @@ RUN_COLUMNS = [
     "last_render",
     "run_dir",
 ]
-
-
-def _live_status(m: Manifest) -> str:
-    """ "abandoned" for a run still marked running whose runner died on this host (SIGKILL, power loss)."""
-    if m.status != "running" or m.runner.get("hostname") != socket.gethostname():
-        return m.status
-    pid = m.runner.get("pid")
-    if not isinstance(pid, int):
-        return m.status
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "abandoned"
-    except PermissionError:  # alive, another user's
-        pass
-    return m.status
 
 
 def list_runs(outputs_root: str | os.PathLike[str] | None = None) -> pd.DataFrame:
@@ -632,7 +757,7 @@ def list_runs(outputs_root: str | os.PathLike[str] | None = None) -> pd.DataFram
             {
                 "experiment": m.experiment,
                 "run_id": m.run_id,
-                "status": _live_status(m),
+                "status": run_status(m),
                 "started_at": m.started_at,
                 "duration_s": m.duration_s,
                 "params_name": m.params_name,

@@ -1,6 +1,7 @@
 """The run folder: raw frames in data/, server logs in logs/, servers.jsonl. All of a run's file IO.
 
-Frames are written the moment they are saved (atomically), so a later failure keeps what was measured.
+Frames are written the moment they are saved (atomically), so a later failure keeps what was measured; a full
+disk raises `DiskFullError` naming the file and leaves the earlier files whole (specbook.diskwrite).
 """
 
 from __future__ import annotations
@@ -8,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook import secrets
+from specbook import diskwrite, secrets
 from specbook.errors import RunError
 from specbook.manifest import ServerRecord, iso_utc
 
@@ -20,6 +22,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SERVERS_NAME = "servers.jsonl"
+
+
+@dataclass
+class ServerRecords:
+    """servers.jsonl as read: the records, and the lines that were not one (a line torn by a killed runner)."""
+
+    records: list[ServerRecord] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "servers.jsonl:3: torn or damaged line (212 bytes) skipped: ..."
 
 
 class RunContext:
@@ -98,33 +108,35 @@ class RunContext:
             status=status,
             error=None if error is None else secrets.redact_text(error),
         )
-        with open(self.run_dir / SERVERS_NAME, "a", encoding="utf-8") as fh:
-            fh.write(record.model_dump_json() + "\n")
+        diskwrite.append_line(self.run_dir / SERVERS_NAME, record.model_dump_json())
         return record
 
-    def servers(self) -> list[ServerRecord]:
+    def read_servers(self) -> ServerRecords:
+        """Every whole record of servers.jsonl; a line that is not one (torn when a runner was killed mid-append)
+        is skipped and said, never the cause of losing the others."""
         path = self.run_dir / SERVERS_NAME
+        read = ServerRecords()
         if not path.exists():
-            return []
-        records = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            return read
+        for lineno, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                records.append(ServerRecord.model_validate_json(line))
+                read.records.append(ServerRecord.model_validate_json(line))
             except ValueError as exc:
-                raise RunError(f"{path}:{lineno}: bad server record: {exc}") from None
-        return records
+                first = str(exc).splitlines()[0]
+                read.skipped.append(f"{SERVERS_NAME}:{lineno}: torn or damaged line ({len(line)} chars) skipped: "
+                                    f"{first}")
+        return read
+
+    def servers(self) -> list[ServerRecord]:
+        return self.read_servers().records
 
     def frame_path(self, name: str) -> Path:
         return self.data_dir / f"{self._check_name(name, 'frame')}.parquet"
 
     def save_frame(self, name: str, df: pd.DataFrame) -> Path:
-        path = self.frame_path(name)
-        tmp = path.with_suffix(".parquet.tmp")
-        df.to_parquet(tmp)
-        os.replace(tmp, path)
-        return path
+        return diskwrite.write_atomic(self.frame_path(name), df.to_parquet)
 
     def append_frame(self, name: str, rows: pd.DataFrame) -> Path:
         """Add rows to a saved frame (or start it) and save at once: what one unit of work measured is on
@@ -151,10 +163,7 @@ class RunContext:
 
     def save_json(self, name: str, obj: Any) -> Path:
         path = self.data_dir / f"{self._check_name(name, 'json')}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return diskwrite.write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
     def load_json(self, name: str) -> Any:
         path = self.data_dir / f"{self._check_name(name, 'json')}.json"

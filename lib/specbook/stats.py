@@ -3,12 +3,23 @@
 The unit of replication is the sweep (one fresh server, one pass over the workload): every function
 here takes one value per sweep, never per request or per log interval, because requests on one server
 share that server's state and are not independent replicates.
+
+Intervals are t intervals: people run 2-5 sweeps per arm, and a percentile bootstrap of 2-3 values per
+arm covers far less than it claims (about 70% at 2 runs per arm for a nominal 95%); t intervals hold their
+coverage there (tests/unit/test_interval_coverage.py). Two kinds:
+
+- paired by sweep (the knob A/B's block design: within a sweep every arm serves the same question draw,
+  interleaved in time, so most run-to-run variance is between sweeps, not between arms): the per-sweep
+  contrasts d_s (variant_s - baseline_s, or the interaction's AB_s - B_s - A_s + base_s) and their
+  Student t interval with n_sweeps - 1 df. Used when every sweep has exactly one run of every arm the
+  contrast involves (`sweep_blocks`);
+- Welch t on run means (Welch-Satterthwaite df): when no sweep pairing is given, or the sweeps are
+  unbalanced (a failed or excluded run); the result's method then says why it is not paired.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -17,8 +28,11 @@ import pandas as pd
 
 from specbook.errors import ExperimentError
 
-DEFAULT_N_BOOT = 10_000
 DEFAULT_CI = 0.95
+# What every interval and test on run means here is; the reports print it beside the interval.
+WELCH_METHOD = "Welch t on run means (Welch-Satterthwaite df)"
+# The paired method in general; each result names its own sweeps (paired_method).
+PAIRED_METHOD = "paired t on per-sweep differences (df n_sweeps - 1)"
 # Sweeps whose sd is below this fraction of |mean| are treated as identical (float noise, not run noise).
 DETERMINISTIC_REL_TOL = 1e-12
 
@@ -60,7 +74,8 @@ class InteractionResult:
     ci_low: float
     ci_high: float
     ci: float
-    n_boot: int
+    df: float  # paired: n_sweeps - 1; else Welch-Satterthwaite df of the interaction contrast
+    method: str
     n_per_arm: dict[str, int]
 
     @property
@@ -72,7 +87,7 @@ class InteractionResult:
         return self.ci_low > 0 or self.ci_high < 0
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per quantity, absolute and as % of the baseline mean."""
+        """One row per quantity, absolute and as % of the baseline mean; the CI rows name their method."""
         rows = [
             ("effect of A", self.effect_a),
             ("effect of B", self.effect_b),
@@ -90,6 +105,7 @@ class InteractionResult:
                     math.nan if r[0].startswith("A+B predicted") else _pct(r[1], self.baseline_mean)
                     for r in rows
                 ],
+                "method": [method_label(self.method, self.df) if " CI " in r[0] else "" for r in rows],
             }
         )
 
@@ -149,29 +165,211 @@ def arm_table(df: pd.DataFrame, arm_col: str, value_col: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def bootstrap_means(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """n_boot means of resamples (with replacement, same size) of one arm's values."""
-    idx = rng.integers(0, values.size, size=(n_boot, values.size))
-    return values[idx].mean(axis=1)
+@dataclass(frozen=True)
+class ContrastInterval:
+    """A contrast of arm means (e.g. variant - baseline) with its t interval and two-sided p for 0.
+
+    `method` says how the interval was made (paired t over N sweeps, or Welch t on run means and why not
+    paired), or why there is none (an arm with one sweep) or why it is the point itself (no spread in
+    any arm: t is undefined and the runs are deterministic). `paired` is True for the paired t.
+    """
+
+    estimate: float
+    se: float
+    df: float
+    ci: float
+    low: float
+    high: float
+    p: float
+    method: str
+    paired: bool = False
 
 
-def _percentile_ci(samples: np.ndarray, ci: float) -> tuple[float, float]:
-    lo, hi = np.percentile(samples, [100 * (1 - ci) / 2, 100 * (1 + ci) / 2])
-    return float(lo), float(hi)
+def paired_method(n_sweeps: int) -> str:
+    """The method of a paired interval as the report prints it: 'paired t over N sweeps (df N-1)'."""
+    return f"paired t over {n_sweeps} sweeps (df {n_sweeps - 1})"
 
 
-def bootstrap_delta_ci(
-    baseline: np.ndarray,
-    variant: np.ndarray,
-    *,
-    n_boot: int = DEFAULT_N_BOOT,
-    ci: float = DEFAULT_CI,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of mean(variant) - mean(baseline), resampling within each arm."""
-    rng = np.random.default_rng(seed)
-    diff = bootstrap_means(variant, n_boot, rng) - bootstrap_means(baseline, n_boot, rng)
-    return _percentile_ci(diff, ci)
+def method_label(method: str, df: float) -> str:
+    """The method with its df where the method does not already name it (Welch's df is data-dependent)."""
+    if method.startswith("paired t over") or not math.isfinite(df):
+        return method
+    return f"{method}, df {df:.3g}"
+
+
+def welch_df(variances_of_means: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """Welch-Satterthwaite df of a sum of independent variances of means v_i = c_i^2 s_i^2 / n_i.
+
+    Works along the last axis (arrays of replications in the coverage simulation); terms with v_i = 0
+    carry no uncertainty and drop out; NaN where every term is 0.
+    """
+    v = np.asarray(variances_of_means, float)
+    n = np.asarray(ns, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        den = np.sum(np.where(v > 0, v**2 / (n - 1), 0.0), axis=-1)
+        return np.where(den > 0, np.sum(v, axis=-1) ** 2 / den, np.nan)
+
+
+def welch_t_interval(
+    means: np.ndarray, variances: np.ndarray, ns: np.ndarray, coefs: Sequence[float], ci: float = DEFAULT_CI
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """sum(c_i mean_i) with its Welch t interval: (estimate, se, df, low, high), along the last axis.
+
+    means, variances (sample, ddof=1), ns: one entry per arm on the last axis; any leading axes are
+    replications (the coverage simulation passes thousands at once).
+    """
+    from scipy import stats as sps
+
+    c = np.asarray(coefs, float)
+    est = np.sum(c * np.asarray(means, float), axis=-1)
+    vm = c**2 * np.asarray(variances, float) / np.asarray(ns, float)
+    se = np.sqrt(np.sum(vm, axis=-1))
+    df = welch_df(vm, ns)
+    half = sps.t.ppf(0.5 + ci / 2, df) * se
+    return est, se, df, est - half, est + half
+
+
+def welch_contrast(groups: Sequence[np.ndarray], coefs: Sequence[float], ci: float = DEFAULT_CI) -> ContrastInterval:
+    """Welch t interval of sum(c_i mean(group_i)) and its two-sided p against 0."""
+    from scipy import stats as sps
+
+    if not 0 < ci < 1:
+        raise ExperimentError(f"ci must be in (0, 1), got {ci}")
+    summaries = [summarize(g) for g in groups]
+    est = float(sum(c * s.mean for c, s in zip(coefs, summaries, strict=True)))
+    if any(s.n < 2 for s in summaries):
+        return ContrastInterval(est, math.nan, math.nan, ci, math.nan, math.nan, math.nan,
+                                "no interval: an arm has 1 sweep, so its run-to-run sd is unknown")
+    if all(s.deterministic for s in summaries):
+        return ContrastInterval(est, 0.0, math.nan, ci, est, est, math.nan,
+                                "no interval needed: every arm repeats exactly (sd = 0), the point is exact")
+    means = np.array([s.mean for s in summaries])
+    variances = np.array([s.sd**2 for s in summaries])
+    ns = np.array([s.n for s in summaries])
+    e, se, df, lo, hi = (float(x) for x in welch_t_interval(means, variances, ns, coefs, ci))
+    p = float(2 * sps.t.sf(abs(e) / se, df))
+    return ContrastInterval(e, se, df, ci, lo, hi, p, WELCH_METHOD)
+
+
+def welch_delta(baseline: np.ndarray, variant: np.ndarray, ci: float = DEFAULT_CI) -> ContrastInterval:
+    """mean(variant) - mean(baseline) with its Welch t interval."""
+    return welch_contrast([baseline, variant], [-1.0, 1.0], ci)
+
+
+def paired_t_interval(contrasts: np.ndarray, ci: float = DEFAULT_CI
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean of per-sweep contrasts with its Student t interval (df n - 1): (estimate, se, df, low, high).
+
+    contrasts: sweeps on the last axis; leading axes are replications (the simulations pass thousands).
+    """
+    from scipy import stats as sps
+
+    d = np.asarray(contrasts, float)
+    n = d.shape[-1]
+    est = d.mean(-1)
+    se = d.std(-1, ddof=1) / math.sqrt(n)
+    df = np.full_like(est, n - 1.0)
+    half = sps.t.ppf(0.5 + ci / 2, df) * se
+    return est, se, df, est - half, est + half
+
+
+def paired_tost_t(baseline: np.ndarray, variant: np.ndarray, margin_frac: float
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The TOST's two t statistics, paired by sweep, for the margin +/- margin_frac x |baseline mean|:
+    (t_lower, t_upper, df), each large when the variant is inside its side of the margin.
+
+    The margin is relative to the baseline's mean, so the hypotheses are mu_v - mu_b > -m |mu_b| and
+    < +m |mu_b|: each is a mean of per-sweep contrasts v_s - (1 -/+ m) b_s (sign of b's mean folded in),
+    tested by the paired t, exact under normal noise whatever the sweep effect. Using the estimated
+    baseline mean times m as a fixed margin instead would not be: when sweeps move the arms together,
+    that estimate moves with them by about as much as the paired difference's standard error.
+    Sweeps on the last axis; leading axes are replications.
+    """
+    b, v = np.asarray(baseline, float), np.asarray(variant, float)
+    n = b.shape[-1]
+    m = margin_frac * np.sign(b.mean(-1, keepdims=True))
+    lower = v - (1 - m) * b  # > 0 on average iff mu_v > mu_b - m |mu_b|
+    upper = (1 + m) * b - v  # > 0 on average iff mu_v < mu_b + m |mu_b|
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_lower = lower.mean(-1) / (lower.std(-1, ddof=1) / math.sqrt(n))
+        t_upper = upper.mean(-1) / (upper.std(-1, ddof=1) / math.sqrt(n))
+    return t_lower, t_upper, np.full_like(t_lower, n - 1.0)
+
+
+def sweep_blocks(df: pd.DataFrame, arm_col: str, value_col: str, sweep_col: str,
+                 arms: Sequence[str]) -> tuple[np.ndarray | None, str]:
+    """The runs of `arms` as a (sweeps, arms) matrix in sweep order, when every sweep that ran any of them
+    has exactly one valued run of each; else (None, why not) - a failed or excluded run unbalances its sweep.
+    """
+    _check_columns(df, [arm_col, value_col, sweep_col])
+    part = df[df[arm_col].isin(list(arms))]
+    counts = part.groupby([sweep_col, arm_col]).size().unstack(fill_value=0).reindex(columns=list(arms),
+                                                                                     fill_value=0)
+    missing = [f"sweep {s} lacks {', '.join(repr(a) for a in arms if counts.loc[s, a] == 0)}"
+               for s in counts.index if (counts.loc[s] == 0).any()]
+    repeated = [f"sweep {s} has {int(counts.loc[s, a])} runs of {a!r}"
+                for s in counts.index for a in arms if counts.loc[s, a] > 1]
+    if missing or repeated:
+        return None, "sweeps unbalanced: " + "; ".join(missing + repeated)
+    wide = part.pivot(index=sweep_col, columns=arm_col, values=value_col).sort_index()
+    return wide[list(arms)].to_numpy(float), ""
+
+
+def paired_contrast(blocks: np.ndarray, coefs: Sequence[float], ci: float = DEFAULT_CI) -> ContrastInterval:
+    """sum(c_i arm_i) per sweep (rows of `blocks`, one column per arm), its mean and paired t interval.
+
+    Falls back to Welch on the columns (saying so) when the paired interval does not exist: one sweep, or
+    per-sweep contrasts that are all equal while the arms themselves vary (paired sd 0, t undefined).
+    """
+    from scipy import stats as sps
+
+    if not 0 < ci < 1:
+        raise ExperimentError(f"ci must be in (0, 1), got {ci}")
+    b = np.asarray(blocks, float)
+    cols = [b[:, j] for j in range(b.shape[1])]
+    n = b.shape[0]
+    if n < 2:
+        return welch_contrast(cols, coefs, ci)
+    d = b @ np.asarray(coefs, float)
+    s = summarize(d, what="per-sweep contrast")
+    if s.deterministic:
+        w = welch_contrast(cols, coefs, ci)
+        if w.se == 0 or math.isnan(w.se):
+            return w
+        return ContrastInterval(w.estimate, w.se, w.df, ci, w.low, w.high, w.p,
+                                f"{WELCH_METHOD}; not paired: the {n} per-sweep contrasts are all equal (paired sd 0)")
+    e, se, df, lo, hi = (float(x) for x in paired_t_interval(d, ci))
+    p = float(2 * sps.t.sf(abs(e) / se, df))
+    return ContrastInterval(e, se, df, ci, lo, hi, p, paired_method(n), paired=True)
+
+
+def contrast_of(per_arm: dict[str, np.ndarray], blocks: np.ndarray | None, why_not_paired: str,
+                arms: Sequence[str], coefs: Sequence[float], ci: float) -> ContrastInterval:
+    """The paired interval when `blocks` pair the arms by sweep, else Welch on the arms' runs, saying why."""
+    if blocks is not None:
+        return paired_contrast(blocks, coefs, ci)
+    w = welch_contrast([per_arm[a] for a in arms], coefs, ci)
+    if why_not_paired and w.method == WELCH_METHOD:
+        return ContrastInterval(w.estimate, w.se, w.df, w.ci, w.low, w.high, w.p,
+                                f"{WELCH_METHOD}; not paired: {why_not_paired}")
+    return w
+
+
+def tost_of(w: ContrastInterval, margin_abs: float) -> tuple[float, str]:
+    """TOST p that |true contrast| < margin_abs from a contrast's estimate, se and df (its own method).
+
+    Returns (p, status): "ok", "deterministic" (no spread: t undefined, the margin alone decides) or
+    "too few sweeps" (an arm has n < 2).
+    """
+    from scipy import stats as sps
+
+    if math.isnan(w.se):
+        return math.nan, "too few sweeps"
+    if w.se == 0:
+        return math.nan, "deterministic"
+    p_low = sps.t.sf((w.estimate + margin_abs) / w.se, w.df)
+    p_high = sps.t.cdf((w.estimate - margin_abs) / w.se, w.df)
+    return float(max(p_low, p_high)), "ok"
 
 
 def _sd_ratio(delta: float, base: ArmSummary) -> tuple[float, str]:
@@ -186,36 +384,17 @@ def _sd_ratio(delta: float, base: ArmSummary) -> tuple[float, str]:
 
 
 def tost_equivalence(baseline: np.ndarray, variant: np.ndarray, margin_abs: float) -> tuple[float, str]:
-    """TOST p-value (statsmodels ttost_ind, Welch variances) that |mean(variant)-mean(baseline)| < margin_abs.
+    """Welch TOST p that |mean(variant) - mean(baseline)| < margin_abs: the larger of the two one-sided p.
 
     Returns (p, status): status "ok", "deterministic" (both arms have zero spread: t is undefined, so
     p is NaN and the margin alone decides) or "too few sweeps" (an arm has n < 2).
     """
-    from statsmodels.stats.weightstats import ttost_ind
-
-    if baseline.size < 2 or variant.size < 2:
-        return math.nan, "too few sweeps"
-    b, v = summarize(baseline), summarize(variant)
-    if b.deterministic and v.deterministic:
-        return math.nan, "deterministic"
-    # One arm with zero spread is fine for Welch; numpy still warns on the 0/0 in its df formula.
-    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p, _, _ = ttost_ind(variant, baseline, -margin_abs, margin_abs, usevar="unequal")
-    return float(p), "ok"
+    return tost_of(welch_delta(baseline, variant), margin_abs)
 
 
 def welch_p(baseline: np.ndarray, variant: np.ndarray) -> float:
     """Two-sided Welch t-test p for a difference of means (NaN when undefined: n < 2 or zero spread)."""
-    from scipy import stats as sps
-
-    if baseline.size < 2 or variant.size < 2:
-        return math.nan
-    if summarize(baseline).deterministic and summarize(variant).deterministic:
-        return math.nan
-    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(sps.ttest_ind(variant, baseline, equal_var=False).pvalue)
+    return welch_delta(baseline, variant).p
 
 
 def delta_vs_baseline(
@@ -225,14 +404,21 @@ def delta_vs_baseline(
     baseline: str,
     *,
     margin_pct: float = 1.0,
-    n_boot: int = DEFAULT_N_BOOT,
     ci: float = DEFAULT_CI,
-    seed: int = 0,
+    sweep_col: str | None = None,
 ) -> pd.DataFrame:
     """One row per variant arm: its delta vs the baseline, in absolute, %, and baseline-sd units,
-    the bootstrap CI of the delta, the TOST p for equivalence within +/-margin_pct % of the baseline
-    mean, and the Welch p for a difference.
+    the t interval of the delta (`ci_method` names it, `ci_df` its df), the TOST p for equivalence
+    within +/-margin_pct % of the baseline mean and the p for a difference (`p_difference`), all by
+    that method; `welch_p` is the Welch p whatever the method.
+
+    sweep_col: pair the runs by sweep (the knob A/B). Where every sweep has one run of both arms the
+    method is the paired t over the per-sweep differences (`paired` True); else Welch on run means and
+    `ci_method` says why not paired. The baseline sd of `delta_over_baseline_sd` is its run-to-run sd
+    either way.
     """
+    from scipy import stats as sps
+
     if margin_pct <= 0:
         raise ExperimentError(f"margin_pct must be > 0, got {margin_pct}")
     if not 0 < ci < 1:
@@ -244,12 +430,18 @@ def delta_vs_baseline(
     base = summarize(base_vals)
     margin_abs = abs(base.mean) * margin_pct / 100.0
     rows = []
-    for i, (arm, vals) in enumerate((a, v) for a, v in per_arm.items() if a != baseline):
+    for arm, vals in ((a, v) for a, v in per_arm.items() if a != baseline):
         var = summarize(vals)
         delta = var.mean - base.mean
         ratio, ratio_note = _sd_ratio(delta, base)
-        lo, hi = bootstrap_delta_ci(base_vals, vals, n_boot=n_boot, ci=ci, seed=seed + i)
-        tost_p, tost_status = tost_equivalence(base_vals, vals, margin_abs)
+        blocks, why = (sweep_blocks(df, arm_col, value_col, sweep_col, [baseline, arm]) if sweep_col
+                       else (None, ""))
+        w = contrast_of(per_arm, blocks, why, [baseline, arm], [-1.0, 1.0], ci)
+        lo, hi = w.low, w.high
+        tost_p, tost_status = tost_of(w, margin_abs)
+        if w.paired and blocks is not None:  # the paired TOST on the relative margin (paired_tost_t)
+            t_lower, t_upper, tdf = paired_tost_t(blocks[:, 0], blocks[:, 1], margin_pct / 100.0)
+            tost_p = float(max(sps.t.sf(t_lower, tdf), sps.t.sf(t_upper, tdf)))
         rows.append(
             {
                 "arm": arm,
@@ -269,13 +461,17 @@ def delta_vs_baseline(
                 "ci_high": hi,
                 "ci_low_pct": _pct(lo, base.mean),
                 "ci_high_pct": _pct(hi, base.mean),
-                "n_boot": n_boot,
+                "ci_method": w.method,
+                "paired": w.paired,
+                "ci_df": w.df,
+                "delta_se": w.se,
                 "margin_pct": margin_pct,
                 "margin_abs": margin_abs,
                 "tost_p": tost_p,
                 "tost_status": tost_status,
                 "deterministic": base.deterministic and var.deterministic,
-                "welch_p": welch_p(base_vals, vals),
+                "p_difference": w.p,
+                "welch_p": w.p if not w.paired else welch_delta(base_vals, vals, ci).p,
             }
         )
     return pd.DataFrame(rows)
@@ -290,11 +486,12 @@ def interaction_2x2(
     both_arm: str,
     baseline: str,
     *,
-    n_boot: int = DEFAULT_N_BOOT,
     ci: float = DEFAULT_CI,
-    seed: int = 0,
+    sweep_col: str | None = None,
 ) -> InteractionResult:
-    """Effects of A, B and A+B vs baseline, the interaction (AB - B) - (A - base), and its bootstrap CI."""
+    """Effects of A, B and A+B vs baseline, the interaction (AB - B) - (A - base), and its t interval:
+    paired by sweep (AB_s - B_s - A_s + base_s, df n_sweeps - 1) when `sweep_col` is given and every sweep
+    has one run of each of the four arms, else Welch on run means (the method says why)."""
     per_arm = _arm_values(df, arm_col, value_col)
     needed = {"baseline": baseline, "A": knob_a_arm, "B": knob_b_arm, "A+B": both_arm}
     missing = {role: arm for role, arm in needed.items() if arm not in per_arm}
@@ -306,14 +503,9 @@ def interaction_2x2(
         raise ExperimentError(f"interaction needs four distinct arms, got {needed}")
     base, a, b, ab = (per_arm[needed[r]] for r in ("baseline", "A", "B", "A+B"))
     m0, ma, mb, mab = base.mean(), a.mean(), b.mean(), ab.mean()
-    rng = np.random.default_rng(seed)
-    boot = (
-        bootstrap_means(ab, n_boot, rng)
-        - bootstrap_means(b, n_boot, rng)
-        - bootstrap_means(a, n_boot, rng)
-        + bootstrap_means(base, n_boot, rng)
-    )
-    lo, hi = _percentile_ci(boot, ci)
+    order = [both_arm, knob_b_arm, knob_a_arm, baseline]
+    blocks, why = sweep_blocks(df, arm_col, value_col, sweep_col, order) if sweep_col else (None, "")
+    w = contrast_of(per_arm, blocks, why, order, [1.0, -1.0, -1.0, 1.0], ci)
     return InteractionResult(
         baseline_mean=float(m0),
         effect_a=float(ma - m0),
@@ -321,10 +513,11 @@ def interaction_2x2(
         effect_ab=float(mab - m0),
         interaction=float((mab - mb) - (ma - m0)),
         additive_prediction=float(m0 + (ma - m0) + (mb - m0)),
-        ci_low=lo,
-        ci_high=hi,
+        ci_low=w.low,
+        ci_high=w.high,
         ci=ci,
-        n_boot=n_boot,
+        df=w.df,
+        method=w.method,
         n_per_arm={needed[r]: int(per_arm[needed[r]].size) for r in needed},
     )
 
@@ -380,3 +573,47 @@ def accuracy_by_arm(
             }
         )
     return pd.DataFrame(rows)
+
+
+def mean_t_interval(values: Iterable[float], ci: float = DEFAULT_CI) -> tuple[float, float, float]:
+    """mean with its Student t interval (df n - 1); NaN bounds with one value, the point with no spread."""
+    from scipy import stats as sps
+
+    s = summarize(values)
+    if s.single_sweep:
+        return s.mean, math.nan, math.nan
+    half = float(sps.t.ppf(0.5 + ci / 2, s.n - 1)) * s.sem
+    return s.mean, s.mean - half, s.mean + half
+
+
+def ratio_of_means_interval(numerator: Iterable[float], denominator: Iterable[float],
+                            ci: float = DEFAULT_CI, *, nonnegative: bool = False) -> tuple[float, float, float]:
+    """mean(numerator) / mean(denominator) with Fieller's interval, Welch-Satterthwaite df.
+
+    The set of ratios r with |mean_n - r mean_d| <= t * se(mean_n - r mean_d): exact for normal data
+    when the df are; no finite interval (NaN bounds) when the denominator's mean is not clearly away
+    from 0. nonnegative: both means are of quantities >= 0 (tok/s), so the ratio is too and the
+    interval is cut at 0 (the true ratio is never below it, so the coverage is the same).
+    """
+    from scipy import stats as sps
+
+    a, b = summarize(numerator, what="numerator"), summarize(denominator, what="denominator")
+    if b.mean == 0:
+        return math.nan, math.nan, math.nan
+    point = a.mean / b.mean
+    if a.single_sweep or b.single_sweep:
+        return point, math.nan, math.nan
+    va, vb = a.sem**2, b.sem**2
+    if va == 0 and vb == 0:
+        return point, point, point
+    df = float(welch_df(np.array([va, point**2 * vb]), np.array([a.n, b.n])))
+    t2 = float(sps.t.ppf(0.5 + ci / 2, df)) ** 2
+    qa = b.mean**2 - t2 * vb  # r^2 qa - 2 r qb + qc <= 0
+    qb = a.mean * b.mean
+    qc = a.mean**2 - t2 * va
+    disc = qb**2 - qa * qc
+    if qa <= 0 or disc < 0:
+        return point, math.nan, math.nan
+    root = math.sqrt(disc)
+    lo, hi = (qb - root) / qa, (qb + root) / qa
+    return point, (max(lo, 0.0) if nonnegative else lo), hi

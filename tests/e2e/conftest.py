@@ -29,6 +29,25 @@ def run_book():
     return _run_book
 
 
+# The reduced knob A/B CPU demo (knobs one at a time, fewer and shorter requests): 3 arms x 2 sweeps = 6 runs.
+KNOB_AB_DEMO = "params/knob_ab/cpu-demo.yaml"
+KNOB_AB_DEMO_OVERRIDES = ["crossed=false", "workload.subset=6", "workload.max_tokens=96", "sweeps_max=2"]
+
+
+@pytest.fixture(scope="session")
+def knob_ab_demo() -> tuple[str, list[str]]:
+    """(params file, overrides) of the reduced knob A/B demo."""
+    return KNOB_AB_DEMO, list(KNOB_AB_DEMO_OVERRIDES)
+
+
+@pytest.fixture(scope="session")
+def knob_ab_demo_run(tmp_path_factory) -> Path:
+    """The reduced knob A/B demo, run once per session: test_knob_ab_demo checks it, test_resume_knob_ab
+    compares a killed and resumed run with it."""
+    return _run_book("knob_ab", KNOB_AB_DEMO, KNOB_AB_DEMO_OVERRIDES, tmp_path_factory.mktemp("outputs"),
+                     timeout=2400)
+
+
 def _run_book(experiment: str, params_file: str, overrides: list[str], outputs: Path, timeout: int = 1800) -> Path:
     """`specbook run EXPERIMENT -f PARAMS -p ...` in a subprocess; fails the test with the output's tail."""
     cmd = [sys.executable, "-m", "specbook", "run", experiment, "-f", params_file, "--outputs", str(outputs)]

@@ -52,4 +52,4 @@ def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run):
     # the wrong rope_theta leaves at most a quarter of the original's accepted tokens per step
     assert flipped["al"] - 1 < 0.25 * (original["al"] - 1)
     html = (demo_run / "report.html").read_text()
-    assert "Acceptance collapsed in arm1-100.0" in html
+    assert "arm1-100.0 vs arm0-100000.0 (best)" in html and "COLLAPSED" in html  # the summary block

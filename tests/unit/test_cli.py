@@ -201,7 +201,7 @@ def test_run_list_render_through_the_cli(tmp_path):
     manifest_path.write_text(json.dumps(doc))
     rendered = specbook("render", str(run_dir), "--no-progress")
     assert rendered.returncode == 0, rendered.stderr
-    assert (run_dir / "report.prev.html").is_file()
+    assert (run_dir / "renders" / "1" / "report.html").is_file()
     assert "reuse_data=True" in (run_dir / "report.html").read_text()
     assert read_manifest(run_dir).renders[-1].notebook == str(NOTEBOOKS / "good.ipynb")
     # an experiment this checkout does not know cannot be rendered: a clean error names it
@@ -229,7 +229,8 @@ def test_sigterm_stops_the_cell_and_finalizes_the_manifest(tmp_path):
     assert f"run folder: {run_dir}" in stderr
     assert (run_dir / "child.stopped").exists() and not Path(f"/proc/{child}").exists()
     m = read_manifest(run_dir)
-    assert m.status == "failed" and m.error.startswith("interrupted: KeyboardInterrupt signal SIGTERM")
+    assert m.status == "interrupted" and m.error.startswith("interrupted: KeyboardInterrupt signal SIGTERM")
+    assert m.parts[-1].status == "interrupted" and m.parts[-1].ended_at
     assert m.failed_cell.notebook_index == 1 and m.failed_cell.first_line == "import subprocess"
     assert m.ended_at and (run_dir / "report.html").is_file()
 

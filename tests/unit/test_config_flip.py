@@ -332,3 +332,46 @@ def test_load_of_an_old_layout_run_folder_gives_the_same_figures(tmp_path, draft
     for name in ("summary", "per_position", "per_position_table", "intervals_by_arm", "output_equality"):
         pd.testing.assert_frame_equal(getattr(got, name), getattr(want, name), check_dtype=False, obj=name)
     assert got.verdict == want.verdict and got.description == want.description
+
+
+# --- failed requests ------------------------------------------------------------------------------------------
+
+
+def _data_with_a_failed_request() -> cf.FlipData:
+    """p001 failed in the flipped arm: no output there (the client records the error and an empty text)."""
+    data = _data()
+    req = data.requests
+    req.loc[(req["arm"] == "arm1-10000") & (req["prompt_id"] == "p001"), ["output_text", "error"]] = (
+        "", "RemoteProtocolError: peer closed connection")
+    return data
+
+
+def test_a_failed_request_is_not_an_output_that_differs():
+    """Before: the failed request's empty text was compared and counted as a differing output."""
+    data = _data_with_a_failed_request()
+    eq = cf.output_equality(data).set_index("prompt_id")
+    assert bool(eq.loc["p000", "all_equal"]) and bool(eq.loc["p000", "comparable"])
+    assert not eq.loc["p001", "comparable"] and eq.loc["p001", "all_equal"] is None
+    assert eq.loc["p001", "no_output"] == "arm1-10000"
+    verdict = cf.flip_verdict(cf.arm_summary(data), eq.reset_index(), collapse_fraction=0.25)
+    assert verdict.outputs_equal  # the one prompt both arms answered is equal
+
+
+def test_an_arm_over_max_failed_requests_is_left_out_with_the_reason(tmp_path, draft_dir):
+    data = _data_with_a_failed_request()
+    strict = cf.ConfigFlipParams.model_validate(_params(draft_dir))
+    _, data.flip = cf.build_arms(strict, tmp_path / "flip")
+    result = cf.analyze(data, strict)
+    failures = result.request_failures.set_index("arm")
+    assert failures["n_failed"].tolist() == [0, 1] and failures["valid"].tolist() == [True, False]
+    assert list(result.verdict.left_out) == ["arm1-10000"]
+    assert "1 of 2 requests failed, more than measurement.max_failed_requests = 0" in result.verdict.left_out["arm1-10000"]
+    assert result.verdict.collapsed == [] and list(result.verdict.accepted_per_step) == ["arm0-100000"]
+    assert "Left out for failed requests: arm1-10000" in result.verdict.sentence()
+    heads = {h.comparison: h.verdict for h in result.answer(strict).headlines}
+    assert heads["arm1-10000"] == "LEFT OUT"
+
+    tolerant = strict.model_copy(update={"measurement": cf.RequestMeasurement(max_failed_requests=1)})
+    kept = cf.analyze(data, tolerant)
+    assert kept.verdict.left_out == {} and kept.verdict.collapsed == ["arm1-10000"]
+    assert kept.verdict.outputs_equal and kept.summary.set_index("arm").loc["arm1-10000", "failed"] == 1

@@ -266,3 +266,27 @@ def test_load_of_an_old_layout_run_folder_gives_the_same_figures(tmp_path):
         pd.testing.assert_frame_equal(getattr(got, name), getattr(want, name), check_dtype=False, obj=name)
     assert list(want.per_position["position"].unique()) == [1, 2, 3, 4]
     assert want.acceptance.set_index("side").loc["ours", "al"] == pytest.approx(2.5)
+
+
+def test_a_cell_over_max_failed_requests_is_not_comparable_and_says_why():
+    text = _prose(84, 1)
+    cells = {("off", "normal", "ours"): (text, 50.0), ("off", "normal", "oracle"): (text, 40.0),
+             ("off", "other", "ours"): (text, 50.0), ("off", "other", "oracle"): (text, 40.0)}
+    data = _data(cells)
+    req = data.requests
+    one = req.index[(req["prompt"] == "other") & (req["side"] == "ours") & (req["repeat"] == 2)]
+    req.loc[one, "error"] = "ReadTimeout: no token for 60 s"
+    strict = ce.cell_table(data, n_boot=200).set_index("prompt")
+    assert strict.loc["normal", "comparable"] and not strict.loc["other", "comparable"]
+    assert strict.loc["other", "flags"] == ce.FAILED_FLAG
+    assert "1 of 6 requests failed, more than measurement.max_failed_requests = 0" in strict.loc["other", "reasons"][0]
+    tolerant = ce.cell_table(data, n_boot=200, max_failed_requests=1).set_index("prompt")
+    assert tolerant.loc["other", "comparable"]
+    # the failed repeat is no measurement: the ratio rests on the two that answered
+    assert tolerant.loc["other", "ours_tok_s"] == pytest.approx(
+        req.loc[(req["prompt"] == "other") & (req["side"] == "ours") & (req["repeat"] < 2), "completion_tokens"].div(
+            req.loc[(req["prompt"] == "other") & (req["side"] == "ours") & (req["repeat"] < 2), "wall_s"]).mean())
+    params = load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"])
+    result = ce.analyze(data, params)
+    assert result.request_failures.set_index("prompt").loc["other", "n_failed"] == 1
+    assert "off / other: NOT COMPARABLE" in result.flagged_reasons

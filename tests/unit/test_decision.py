@@ -42,7 +42,7 @@ def test_submitters_case_passes_delta_criteria_but_not_tost():
     # AL -0.5% and 0.4 x baseline sd, 3 sweeps per arm: |delta| and delta/sd pass, TOST with a
     # +/-1% margin cannot pass with this much noise (p ~ 0.32).
     df = frame(baseline=[1.975, 2.000, 2.025], fp32=[1.965, 1.990, 2.015])
-    rows, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=1000)
+    rows, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert rows.loc[0, "delta_pct"] == pytest.approx(-0.5)
     assert rows.loc[0, "delta_over_baseline_sd"] == pytest.approx(-0.4)
     assert [status(v, n) for n in ("sweeps", "delta_pct", "delta_over_sd", "tost")] == ["PASS", "PASS", "PASS", "FAIL"]
@@ -50,19 +50,19 @@ def test_submitters_case_passes_delta_criteria_but_not_tost():
     assert "NOT SHOWN EQUIVALENT" in v.text and "|delta| = 0.500% of baseline mean <= 1%" in v.text
     assert "|delta| = 0.40 x baseline sd" in v.text
 
-    _, (v2,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(require_tost=False), n_boot=1000)
+    _, (v2,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(require_tost=False))
     assert v2.equivalent and "(reported only)" in v2.text
 
 
 def test_tight_arms_are_equivalent():
     df = frame(baseline=[2.000, 2.002, 1.998], v=[2.001, 2.003, 1.999])
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=1000)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.equivalent and all(c.status == "PASS" for c in v.criteria)
 
 
 def test_large_shift_fails_delta_criteria():
     df = frame(baseline=[1.9, 2.0, 2.1], v=[2.1, 2.2, 2.3])
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=1000)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert [status(v, n) for n in ("delta_pct", "delta_over_sd", "tost")] == ["FAIL", "FAIL", "FAIL"]
     assert "|delta| = 10.000% of baseline mean > 1%" in v.text
 
@@ -70,7 +70,7 @@ def test_large_shift_fails_delta_criteria():
 def test_too_few_sweeps_fails():
     df = frame(baseline=[2.0, 2.001], v=[2.0])
     rule = DecisionRule(min_sweeps=2)
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", rule, n_boot=200)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", rule)
     assert status(v, "sweeps") == "FAIL" and not v.equivalent
     assert "TOST not computable: too few sweeps" in v.text
 
@@ -78,7 +78,7 @@ def test_too_few_sweeps_fails():
 @pytest.mark.parametrize(("variant", "equivalent"), [(2.01, True), (2.03, False)])
 def test_deterministic_runs_are_judged_by_margin_alone(variant, equivalent):
     df = frame(baseline=[2.0, 2.0], v=[variant, variant])
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.deterministic
     assert status(v, "delta_over_sd") == "n/a" and status(v, "tost") == "n/a"
     assert "n/a: deterministic" in v.text and "judged by the margin alone" in v.text
@@ -88,14 +88,14 @@ def test_deterministic_runs_are_judged_by_margin_alone(variant, equivalent):
 
 def test_margin_mismatch_is_refused():
     df = frame(baseline=[1.9, 2.0, 2.1], v=[2.0, 2.0, 2.1])
-    row = delta_vs_baseline(df, "arm", "al", "baseline", margin_pct=2.0, n_boot=100).iloc[0]
+    row = delta_vs_baseline(df, "arm", "al", "baseline", margin_pct=2.0).iloc[0]
     with pytest.raises(ExperimentError, match="tost_margin_pct"):
         evaluate(DecisionRule(tost_margin_pct=1.0), row, summarize([1.9, 2.0, 2.1]), summarize([2.0, 2.0, 2.1]))
 
 
 def test_positive_control_is_different():
     df = frame(baseline=[2.00, 2.01, 1.99], slow=[2.30, 2.31, 2.29], tiny=[2.004, 2.014, 1.994])
-    rows = delta_vs_baseline(df, "arm", "al", "baseline", n_boot=2000)
+    rows = delta_vs_baseline(df, "arm", "al", "baseline")
     slow = evaluate_difference(DecisionRule(), rows.iloc[0])
     assert slow.different and slow.conclusion == "different"
     # a 0.2% shift is inside the 1% margin: not a "different" verdict even if its CI excluded 0
@@ -106,7 +106,7 @@ def test_positive_control_is_different():
 
 def test_verdict_table_rows_per_criterion():
     df = frame(baseline=[2.0, 2.0], a=[2.01, 2.01], b=[2.5, 2.5])
-    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200)
+    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     diff = evaluate_difference(DecisionRule(), rows.iloc[1])
     t = verdict_table([*verdicts, diff])
     assert set(t["arm"]) == {"a", "b"}
@@ -128,14 +128,16 @@ def test_rule_describe_states_the_numbers():
 RULE_TEXT = (
     "  rule: equivalent iff >= 2 sweeps per arm, |delta| <= 1% of the baseline mean, |delta| <= 1 x baseline sd, "
     "and TOST p < 0.05 for a +/-1% margin (required); when both arms are deterministic (sd = 0) the sd and TOST "
-    "criteria are n/a and |delta| <= 1% decides. 'different' iff the delta's bootstrap CI excludes 0 and "
-    "|delta| > 1%."
+    "criteria are n/a and |delta| <= 1% decides. 'different' iff the delta's 95% t CI excludes 0 and "
+    "|delta| > 1%. Intervals and tests: paired t on per-sweep differences (df n_sweeps - 1) when the comparison "
+    "is paired by sweep and every sweep has both arms, else Welch t on run means (Welch-Satterthwaite df); each "
+    "comparison names its method."
 )
 
 
 def test_verdict_text_is_unchanged_noisy_runs():
     df = frame(baseline=[1.975, 2.000, 2.025], fp32=[1.965, 1.990, 2.015])
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=1000)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.text == "\n".join([
         "fp32 vs baseline: NOT SHOWN EQUIVALENT",
         "  PASS sweeps: min sweeps per arm = 3 (baseline 3, variant 3) >= 2 required",
@@ -152,7 +154,7 @@ def test_verdict_text_is_unchanged_noisy_runs():
 
 def test_verdict_text_is_unchanged_deterministic_runs():
     df = frame(baseline=[2.0, 2.0], v=[2.03, 2.03])
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.text == "\n".join([
         "v vs baseline: NOT SHOWN EQUIVALENT (deterministic runs: judged by the margin alone)",
         "  PASS sweeps: min sweeps per arm = 2 (baseline 2, variant 2) >= 2 required",
@@ -166,7 +168,7 @@ def test_verdict_text_is_unchanged_deterministic_runs():
 
 def test_zero_baseline_sd_with_a_noisy_variant_fails_the_sd_criterion():
     df = frame(baseline=[2.0, 2.0, 2.0], v=[2.0, 2.1, 2.2])
-    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(require_tost=False), n_boot=200)
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(require_tost=False))
     assert not v.deterministic and [c.name for c in v.criteria] == ["sweeps", "delta_pct", "delta_over_sd", "tost"]
     assert "FAIL delta_over_sd: |delta| = inf x baseline sd (0) > 1" in v.text
     assert not next(c for c in v.criteria if c.name == "tost").required
@@ -175,7 +177,7 @@ def test_zero_baseline_sd_with_a_noisy_variant_fails_the_sd_criterion():
 def test_each_criterion_function_returns_its_criterion():
     rule = DecisionRule()
     df = frame(baseline=[1.975, 2.000, 2.025], fp32=[1.965, 1.990, 2.015])
-    row = delta_vs_baseline(df, "arm", "al", "baseline", n_boot=100).iloc[0]
+    row = delta_vs_baseline(df, "arm", "al", "baseline").iloc[0]
     base, var = summarize([1.975, 2.000, 2.025]), summarize([1.965, 1.990, 2.015])
     made = [
         sweeps_criterion(rule, base, summarize([2.0])),
@@ -213,11 +215,10 @@ def expectation_of(arm_name: str) -> str:
     return "different" if "different" in expects else "equivalent"
 
 
-def judge_reference(df, value_col, baseline, rule, n_boot, seed, arms=None, label=None):
+def judge_reference(df, value_col, baseline, rule, arms=None, label=None):
     """knob_ab._judge as it was before compare_and_decide took it over (the reference numbers)."""
     part = df if arms is None else df[df["arm"].isin([baseline, *arms])]
-    rows = delta_vs_baseline(part, "arm", value_col, baseline, margin_pct=rule.tost_margin_pct,
-                             n_boot=n_boot, seed=seed)
+    rows = delta_vs_baseline(part, "arm", value_col, baseline, margin_pct=rule.tost_margin_pct, ci=1 - rule.alpha)
     base = summarize(part.loc[part["arm"] == baseline, value_col])
     verdicts = []
     for _, row in rows.iterrows():
@@ -249,9 +250,9 @@ def same(verdicts, reference) -> bool:
 @pytest.mark.parametrize("rule", [DecisionRule(), DecisionRule(tost_margin_pct=2.0, require_tost=False)])
 def test_compare_and_decide_gives_the_verdicts_judge_gave(rule):
     df = crossed_runs()
-    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", rule, n_boot=500, seed=7,
+    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", rule,
                                         expectation=expectation_of)
-    ref_rows, ref = judge_reference(df, "al", "baseline", rule, 500, 7)
+    ref_rows, ref = judge_reference(df, "al", "baseline", rule)
     pd.testing.assert_frame_equal(rows, ref_rows)
     assert same(verdicts, ref)
     kinds = {v.arm: v.kind for v in verdicts}
@@ -263,9 +264,9 @@ def test_compare_and_decide_restricted_to_arms_gives_the_knob_effects_judge_gave
     """knob_ab._knob_effects: A+B vs B for each knob, judged by the knob's own expectation (its label)."""
     df, rule = crossed_runs(), DecisionRule()
     for knob, other in (("fp32", "slow"), ("slow", "fp32")):
-        rows, verdicts = compare_and_decide(df, "arm", "al", other, rule, n_boot=300, seed=3, arms=["fp32+slow"],
+        rows, verdicts = compare_and_decide(df, "arm", "al", other, rule, arms=["fp32+slow"],
                                             expectation=lambda _arm, k=knob: expectation_of(k))
-        ref_rows, ref = judge_reference(df, "al", other, rule, 300, 3, arms=["fp32+slow"], label=knob)
+        ref_rows, ref = judge_reference(df, "al", other, rule, arms=["fp32+slow"], label=knob)
         pd.testing.assert_frame_equal(rows, ref_rows)
         assert same(verdicts, ref)
         (v,) = verdicts
@@ -274,8 +275,8 @@ def test_compare_and_decide_restricted_to_arms_gives_the_knob_effects_judge_gave
 
 def test_compare_and_decide_without_expectation_judges_equivalence_everywhere():
     df = crossed_runs()
-    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200, seed=1)
-    _, with_equiv = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=200, seed=1,
+    rows, verdicts = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
+    _, with_equiv = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(),
                                        expectation=lambda _arm: "equivalent")
     assert {v.kind for v in verdicts} == {"equivalence"} and same(verdicts, with_equiv)
     assert list(rows["arm"]) == ["slow", "fp32+slow", "fp32"]  # order of first appearance, as before
@@ -284,6 +285,37 @@ def test_compare_and_decide_without_expectation_judges_equivalence_everywhere():
 def test_compare_and_decide_refuses_a_bad_expectation_or_unknown_arm():
     df = crossed_runs()
     with pytest.raises(ExperimentError, match=r"expectation for arm 'slow' is 'faster'"):
-        compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=50, expectation=lambda _a: "faster")
+        compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), expectation=lambda _a: "faster")
     with pytest.raises(ExperimentError, match=r"arms \['nope'\] are not in column 'arm'"):
-        compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), n_boot=50, arms=["nope"])
+        compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), arms=["nope"])
+
+
+# --------------------------------------------------------------------------------------------------
+# paired by sweep
+
+
+def swept(**arms: list[float]) -> pd.DataFrame:
+    return pd.DataFrame([{"arm": a, "sweep": s, "al": v} for a, vals in arms.items() for s, v in enumerate(vals)])
+
+
+def test_a_shared_sweep_effect_hides_a_difference_from_welch_but_not_from_the_pairing():
+    # each sweep serves its own question draw: all arms move together by sweep; the knob costs ~0.25 AL
+    df = swept(baseline=[4.0, 4.6, 4.2], slow=[3.74, 4.37, 3.94])
+    rule = DecisionRule()
+    rows, (paired,) = compare_and_decide(df, "arm", "al", "baseline", rule, expectation=lambda _a: "different",
+                                         sweep_col="sweep")
+    _, (welch,) = compare_and_decide(df, "arm", "al", "baseline", rule, expectation=lambda _a: "different")
+    assert paired.different and not welch.different
+    lo, hi = rows.loc[0, "ci_low"], rows.loc[0, "ci_high"]
+    assert paired.criteria[0].text == (f"PASS ci_excludes_zero: 95% CI of delta [{lo:.4g}, {hi:.4g}], "
+                                       "paired t over 3 sweeps (df 2), excludes 0")
+    assert welch.criteria[0].text.startswith("FAIL ci_excludes_zero: 95% Welch t CI of delta [")
+
+
+def test_a_welch_fallback_says_why_it_is_not_paired():
+    df = swept(baseline=[4.0, 4.6, 4.2], slow=[3.74, 4.37, 3.94])
+    df = df[~((df["arm"] == "slow") & (df["sweep"] == 2))]
+    _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(), expectation=lambda _a: "different",
+                                 sweep_col="sweep")
+    assert v.criteria[0].text.startswith("FAIL ci_excludes_zero: 95% Welch t CI of delta [")
+    assert v.criteria[0].text.endswith("includes 0; not paired: sweeps unbalanced: sweep 2 lacks 'slow'")

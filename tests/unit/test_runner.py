@@ -204,10 +204,11 @@ def test_render_run_reuses_saved_data_and_keeps_the_previous_report(good_run, tm
     assert result.status == "ok"
     html = (run_dir / "report.html").read_text()
     assert "OUTPUT-MARKER rows=2 sum_square=300 reuse_data=True" in html
-    assert (run_dir / "report.prev.html").read_text() == before
-    assert (run_dir / "report.prev.ipynb").is_file()
+    assert (run_dir / "renders" / "1" / "report.html").read_text() == before
+    assert (run_dir / "renders" / "1" / "report.ipynb").is_file()
     m = read_manifest(run_dir)
     assert m.status == "ok" and len(m.renders) == 1 and m.renders[0].status == "ok"
+    assert m.renders[0].previous_report == "renders/1" and m.report_status == "ok" and m.render_error is None
     assert m.renders[0].notebook == str(NOTEBOOKS / "good.ipynb")
     assert m.renders[0].host.startswith(socket.gethostname() + " (")  # the data may come from a GPU host
     assert "GPU" in m.renders[0].host
@@ -228,6 +229,84 @@ def test_render_run_of_a_folder_without_data_fails_and_says_so(good_run, tmp_pat
     assert m.status == "ok"  # the collection's status is not rewritten by a failed render
     assert m.renders[-1].status == "failed" and m.renders[-1].failed_cell.ename == "RunError"
     assert exc.value.result.report_html.is_file()
+
+
+def _html_step_fails(monkeypatch):
+    """The html step as it failed on a GPU host with nbconvert's templates off the Jupyter path (2026-11-30)."""
+    import specbook.runner as runner_mod
+
+    def no_templates(report, title=None):
+        raise ValueError("No template sub-directory with name 'lab' found in the following paths:\n\t/opt/x")
+
+    monkeypatch.setattr(runner_mod, "render_html", no_templates)
+
+
+@needs_kernel
+def test_a_failed_html_render_is_not_a_failed_run_and_a_later_render_makes_it(tmp_path, monkeypatch):
+    _html_step_fails(monkeypatch)
+    result = run_experiment("fixture_good", SMALL, outputs_root=tmp_path, progress=False)
+    run_dir = result.run_dir
+    assert result.status == "ok" and result.report_html is None and (run_dir / "report.ipynb").is_file()
+    m = read_manifest(run_dir)
+    assert (m.status, m.error, m.report_status) == ("ok", None, "failed")
+    assert m.render_error.startswith("html render failed: ValueError: No template sub-directory")
+    monkeypatch.undo()
+
+    render_run(run_dir, progress=False)
+    m = read_manifest(run_dir)
+    assert (m.status, m.report_status, m.render_error) == ("ok", "ok", None)
+    assert (run_dir / "report.html").is_file() and m.renders[-1].previous_report == "renders/1"
+    assert sorted(p.name for p in (run_dir / "renders" / "1").iterdir()) == ["report.ipynb"]  # it had no html
+
+    # every earlier report is kept, oldest first
+    first_html = (run_dir / "report.html").read_text()
+    render_run(run_dir, progress=False)
+    assert (run_dir / "renders" / "2" / "report.html").read_text() == first_html
+    assert [r.previous_report for r in read_manifest(run_dir).renders] == ["renders/1", "renders/2"]
+
+
+@needs_kernel
+def test_a_run_marked_failed_only_for_its_html_is_ok_once_rendered(good_run, tmp_path):
+    """The committed H200 manifests (before a failed html stopped failing a run) say failed with no failed cell."""
+    run_dir = tmp_path / good_run.run_dir.name
+    shutil.copytree(good_run.run_dir, run_dir)
+    m = read_manifest(run_dir)
+    m.status, m.error = "failed", "html render failed: ValueError: No template sub-directory with name 'lab'"
+    m.report_status = m.render_error = None
+    write_manifest(run_dir, m)
+    render_run(run_dir, progress=False)
+    m = read_manifest(run_dir)
+    assert (m.status, m.error, m.report_status) == ("ok", None, "ok")
+
+
+@needs_kernel
+def test_a_failed_cell_keeps_a_run_failed_when_its_report_renders(good_run, broken_run, tmp_path):
+    run_dir = tmp_path / broken_run.result.run_dir.name
+    shutil.copytree(broken_run.result.run_dir, run_dir)
+    shutil.copy(good_run.run_dir / "data" / "numbers.parquet", run_dir / "data")  # good.ipynb renders on it
+    m = read_manifest(run_dir)
+    m.error = f"{m.error}; html render failed: ValueError: x"
+    write_manifest(run_dir, m)
+    assert render_run(run_dir, notebook=NOTEBOOKS / "good.ipynb", progress=False).status == "ok"
+    m = read_manifest(run_dir)
+    assert (m.status, m.report_status) == ("failed", "ok") and m.failed_cell is not None
+
+
+def test_a_torn_servers_line_is_a_manifest_warning_not_lost_servers(good_run, tmp_path):
+    import specbook.runner as runner_mod
+    from specbook.runstore import RunContext
+
+    run_dir = tmp_path / "torn"
+    ctx = RunContext(run_dir)
+    ctx.record_server("arm-0", ["vllm"], {}, {"vllm": "0.32"}, started_at=None, status="ok")
+    with open(run_dir / "servers.jsonl", "a") as fh:
+        fh.write('{"name": "arm-1", "argv": ["vl')  # the runner was killed here
+    ctx.record_server("arm-1", ["vllm"], {}, {"vllm": "0.32"}, started_at=None, status="ok")
+    m = read_manifest(good_run.run_dir)
+    runner_mod._collect_servers(m, run_dir)
+    assert [s.name for s in m.servers] == ["arm-0", "arm-1"] and set(m.engine_versions) == {"arm-0", "arm-1"}
+    (warning,) = m.warnings
+    assert warning.startswith("servers.jsonl:2: torn or damaged line")
 
 
 def test_render_run_needs_a_manifest(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -173,11 +174,51 @@ def test_record_server_status_and_error_round_trip(tmp_path):
                    ("arm-2", None, None)]
 
 
-def test_bad_server_line_names_the_file_and_line(tmp_path):
+def test_bad_server_line_is_skipped_and_named_by_file_and_line(tmp_path):
     ctx = RunContext(tmp_path)
     ctx.record_server("arm-0", ["vllm"], {}, {}, started_at=None)
     with open(tmp_path / SERVERS_NAME, "a") as fh:
         fh.write("\n{not json\n")
-    with pytest.raises(RunError, match=r"servers\.jsonl:3: bad server record"):
-        ctx.servers()
+    read = ctx.read_servers()
+    assert [s.name for s in read.records] == ["arm-0"]
+    (skipped,) = read.skipped
+    assert skipped.startswith("servers.jsonl:3: torn or damaged line (9 chars) skipped")
+    assert [s.name for s in ctx.servers()] == ["arm-0"]
     assert RunContext(tmp_path / "empty").servers() == []
+
+
+def test_a_line_torn_by_a_killed_runner_costs_only_itself(tmp_path):
+    """A runner killed mid-append left half a record and no newline (what a buffered writer that flushed part
+    of a long line leaves). The next append starts a line of its own; every whole record is read, the torn
+    one is named."""
+    ctx = RunContext(tmp_path)
+    ctx.record_server("arm-0", ["vllm"], {}, {}, started_at=None, status="ok")
+    whole = RunContext(tmp_path / "other").record_server("arm-1", ["vllm", "x" * 5000], {}, {}, started_at=None)
+    torn = whole.model_dump_json()[:3000]
+    with open(tmp_path / SERVERS_NAME, "a", encoding="utf-8") as fh:
+        fh.write(torn)
+    ctx.record_server("arm-1", ["vllm"], {}, {}, started_at=None, status="ok")  # the resumed run's record
+    ctx.record_server("arm-2", ["vllm"], {}, {}, started_at=None, status="ok")
+    lines = (tmp_path / SERVERS_NAME).read_text().split("\n")
+    assert lines[1] == torn and lines[-1] == ""
+    read = ctx.read_servers()
+    assert [s.name for s in read.records] == ["arm-0", "arm-1", "arm-2"]
+    (skipped,) = read.skipped
+    assert skipped.startswith("servers.jsonl:2: torn or damaged line (3000 chars) skipped: ")
+
+
+def test_record_server_appends_a_whole_line_in_one_write(tmp_path, monkeypatch):
+    """One os.write per record: a kill between two writes of one record cannot happen."""
+    import specbook.diskwrite as diskwrite
+
+    calls: list[bytes] = []
+    real_write = os.write
+
+    def counting(fd, data):
+        calls.append(bytes(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(diskwrite.os, "write", counting)
+    ctx = RunContext(tmp_path)
+    ctx.record_server("arm-0", ["vllm", "y" * 20_000], {}, {}, started_at=None)  # larger than any io buffer
+    assert len(calls) == 1 and calls[0].endswith(b"\n") and calls[0].count(b"\n") == 1

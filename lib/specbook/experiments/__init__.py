@@ -11,7 +11,7 @@ from specbook.experiments.registry import (
     register_experiment,
 )
 
-EXPERIMENT_MODULES = ("knob_ab", "config_flip", "cross_engine")
+EXPERIMENT_MODULES = ("knob_ab", "config_flip", "cross_engine", "concurrency_curve")
 
 for _name in EXPERIMENT_MODULES:
     importlib.import_module(f"specbook.experiments.{_name}")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specbook import flip, secrets
+from specbook import flip, report_view, request_failures, resume, secrets
 from specbook.acceptance import (
     ACCEPTED,
     Acceptance,
@@ -36,6 +36,7 @@ from specbook.engines import EngineConfig
 from specbook.errors import ExperimentError, ModelNotPreparedError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.params import ExperimentParams
+from specbook.request_failures import RequestMeasurement
 
 FLIP_PLACEHOLDER = "@flip"
 FLIP_DIRNAME = "flip"
@@ -44,6 +45,9 @@ ARMS_FRAME = "arms"
 REQUESTS_FRAME = "requests"
 INTERVALS_FRAME = "intervals"
 FLIP_JSON = "flip"
+# A unit of work is one arm's server; its arms row (appended last) says it finished.
+UNITS = resume.register_units("config_flip", resume.Units(
+    done_frame=ARMS_FRAME, key=("arm",), frames=(ARMS_FRAME, REQUESTS_FRAME, INTERVALS_FRAME), server="arm"))
 
 
 class FlipSpec(BaseModel):
@@ -100,6 +104,8 @@ class ConfigFlipParams(ExperimentParams):
         0.25, gt=0, lt=1,
         description="an arm collapsed if its accepted tokens per step (AL-1) <= this x the best arm's",
     )
+    measurement: RequestMeasurement = Field(default_factory=RequestMeasurement,
+                                            description="max_failed_requests: per arm")
 
     @model_validator(mode="after")
     def _one_placeholder(self) -> ConfigFlipParams:
@@ -261,11 +267,20 @@ def _chat_requests(params: ConfigFlipParams, prefix: str = "p") -> list[Any]:
 
 
 def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
-    """Build the arms, prove them one-field apart, serve each in turn and save frames as each ends."""
-    from specbook import harness
+    """Build the arms, prove them one-field apart, serve each in turn and save frames as each ends.
+
+    A resumed run (specbook.resume) skips the arms the folder holds as done; the arm folders (links and one
+    edited file, made from the params) are built again."""
+    import shutil
+
+    from specbook import harness, progress
     from specbook.engines import get_engine
 
-    folders, summary = build_arms(params, Path(ctx.run_dir) / FLIP_DIRNAME)
+    done = resume.done_units(ctx, UNITS)
+    arms_root = Path(ctx.run_dir) / FLIP_DIRNAME
+    if arms_root.exists():  # a resumed run: derived from the params, never measured data
+        shutil.rmtree(arms_root)
+    folders, summary = build_arms(params, arms_root)
     engine = get_engine(params.engine.engine)
     labels = [f.path.name for f in folders]
     configs = [arm_engine_config(params.engine, f.path, served_model_name="flip-target") for f in folders]
@@ -280,7 +295,12 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
 
     requests = _chat_requests(params)
     warmup = _chat_requests(params.model_copy(update={"num_prompts": 1, "max_tokens": 8}), prefix="warmup")
+    units = progress.Units("config-flip arm", len(labels))  # console only (specbook.progress)
     for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
+        if (label,) in done:
+            units.skip(label)
+            continue
+        units.start(f"{label} ({params.flip.field} = {json.dumps(folder.value)})")
         extra = {"experiment": "config_flip", "field": params.flip.field, "value": json.dumps(folder.value),
                  "folder": str(folder.path)}
         with harness.serve(cfg, ctx, label, extra=extra) as server:
@@ -296,13 +316,14 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
         frame = window.requests_frame()
         frame.insert(0, "arm", label)
         frame.insert(1, "value", json.dumps(folder.value))
-        # Saved after every arm: a later arm's failure keeps what the earlier ones measured.
-        ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
+        # Saved after every arm: a later arm's failure keeps what the earlier ones measured. The arms row
+        # goes last: it marks the arm done for a resume.
         ctx.append_frame(REQUESTS_FRAME, frame)
         intervals = window.log_intervals()
         if len(intervals):
             intervals.insert(0, "arm", label)
             ctx.append_frame(INTERVALS_FRAME, intervals)
+        ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
     return load(ctx)
 
 
@@ -387,18 +408,23 @@ def intervals_by_arm(data: FlipData) -> pd.DataFrame:
     return iv.pivot(index="interval", columns="arm", values="al")
 
 
-def output_equality(data: FlipData) -> pd.DataFrame:
+def output_equality(data: FlipData, arms: list[str] | None = None) -> pd.DataFrame:
     """Per prompt: is every arm's output equal to the first arm's, and where they first part.
 
     Under greedy decoding the target alone decides the text, so equal outputs across arms are what
-    lossless speculation promises whatever the draft proposes.
+    lossless speculation promises whatever the draft proposes. A failed request has no output: a prompt
+    that failed in an arm is not compared (`comparable` false, `all_equal` empty, `no_output` names the arms).
+    `arms`: the arms to compare (default every arm, in order).
     """
-    req = data.requests
-    arms = list(data.arms.sort_values("index")["arm"])
+    req = request_failures.answered(data.requests)
+    arms = arms if arms is not None else list(data.arms.sort_values("index")["arm"])
     texts = req.pivot_table(index="prompt_id", columns="arm", values="output_text", aggfunc="first")
+    prompts = list(dict.fromkeys(data.requests["prompt_id"])) if "prompt_id" in data.requests else []
+    texts = texts.reindex(index=prompts, columns=arms)
     rows = []
     for prompt_id, row in texts.iterrows():
-        first = row.get(arms[0])
+        missing = [a for a in arms if not isinstance(row.get(a), str)]
+        first = row.get(arms[0]) if arms else None
         entry: dict[str, Any] = {"prompt_id": prompt_id}
         equal = True
         for arm in arms[1:]:
@@ -406,7 +432,9 @@ def output_equality(data: FlipData) -> pd.DataFrame:
             same = isinstance(first, str) and isinstance(other, str) and first == other
             equal &= same
             entry[f"first_difference_{arm}"] = None if same else _first_difference(first, other)
-        entry["all_equal"] = equal
+        entry["comparable"] = not missing
+        entry["all_equal"] = equal if not missing else None
+        entry["no_output"] = ", ".join(missing)
         rows.append(entry)
     return pd.DataFrame(rows)
 
@@ -428,6 +456,7 @@ class FlipVerdict:
     accepted_per_step: dict[str, float]
     collapse_fraction: float
     outputs_equal: bool
+    left_out: dict[str, str] = field(default_factory=dict)  # arm -> why (over measurement.max_failed_requests)
 
     def sentence(self) -> str:
         rates = ", ".join(f"{a}: {v:.2f}" for a, v in self.accepted_per_step.items())
@@ -436,15 +465,25 @@ class FlipVerdict:
             head = "No arm collapsed"
         else:
             head = f"Acceptance collapsed in {', '.join(self.collapsed)}"
+        out = "; ".join(f"{a}: {why}" for a, why in self.left_out.items())
         return (
             f"{head} (accepted draft tokens per step {rates}; collapse = at most "
             f"{self.collapse_fraction:g} x the best arm {self.best_arm}). Outputs across arms are {outputs}."
+            + (f" Left out for failed requests: {out}." if out else "")
         )
 
 
-def flip_verdict(summary: pd.DataFrame, equality: pd.DataFrame, collapse_fraction: float) -> FlipVerdict:
-    """Which arms' acceptance collapsed relative to the best arm (AL-1 at most collapse_fraction x best)."""
-    per_step = {r["arm"]: accepted_per_draft_from_al(float(r["al"])) for _, r in summary.iterrows()}
+def flip_verdict(summary: pd.DataFrame, equality: pd.DataFrame, collapse_fraction: float,
+                 left_out: dict[str, str] | None = None) -> FlipVerdict:
+    """Which arms' acceptance collapsed relative to the best arm (AL-1 at most collapse_fraction x best); the arms
+    in `left_out` (too many failed requests) are not judged. Outputs are equal when every prompt compared in
+    every arm is (prompts with a failed request are not compared) and at least one was compared."""
+    left_out = dict(left_out or {})
+    if left_out and set(summary["arm"]) <= set(left_out):
+        raise ExperimentError("every arm has more failed requests than measurement.max_failed_requests allows: "
+                              + "; ".join(f"{a}: {why}" for a, why in left_out.items()))
+    per_step = {r["arm"]: accepted_per_draft_from_al(float(r["al"])) for _, r in summary.iterrows()
+                if r["arm"] not in left_out}
     finite = {a: v for a, v in per_step.items() if v == v}
     if not finite:
         raise ExperimentError("no arm has drafts in its counters; was speculative decoding on?")
@@ -456,8 +495,14 @@ def flip_verdict(summary: pd.DataFrame, equality: pd.DataFrame, collapse_fractio
         best_arm=best,
         accepted_per_step=per_step,
         collapse_fraction=collapse_fraction,
-        outputs_equal=bool(equality["all_equal"].all()) if len(equality) else False,
+        outputs_equal=_outputs_equal(equality),
+        left_out=left_out,
     )
+
+
+def _outputs_equal(equality: pd.DataFrame) -> bool:
+    compared = equality[equality["comparable"].astype(bool)] if "comparable" in equality else equality
+    return bool(len(compared)) and bool(compared["all_equal"].astype(bool).all())
 
 
 def describe_flip(data: FlipData) -> str:
@@ -505,16 +550,66 @@ class FlipResult:
     intervals_by_arm: pd.DataFrame
     output_equality: pd.DataFrame
     verdict: FlipVerdict
+    # per arm: requests, failed, the bound (measurement.max_failed_requests), valid, why an arm is left out
+    request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def answer(self, params: ConfigFlipParams) -> report_view.Summary:
+        """The report's summary block: each arm against the best arm (collapsed or kept), and output equality."""
+        return flip_answer(self, params)
+
+
+def flip_answer(result: FlipResult, params: ConfigFlipParams) -> report_view.Summary:
+    """Question, one headline per arm (AL and accepted tokens per step against the best arm), outputs equal or not."""
+    v, fmt = result.verdict, report_view.fmt
+    al = dict(zip(result.summary["arm"], result.summary["al"], strict=True))
+    best = v.accepted_per_step[v.best_arm]
+    heads = []
+    for arm, per_step in v.accepted_per_step.items():
+        if arm == v.best_arm:
+            continue
+        share = per_step / best if best else float("nan")
+        heads.append(report_view.Headline(
+            f"{arm} vs {v.best_arm} (best)", "COLLAPSED" if arm in v.collapsed else "KEPT",
+            None, f"AL {fmt(al[arm])} vs {fmt(al[v.best_arm])}; accepted per step {fmt(per_step, 3)} vs "
+            f"{fmt(best, 3)} ({share:.0%} of best; collapse at <= {v.collapse_fraction:.0%})",
+            "one server per arm: no interval (the counters cover every token of the window)"))
+    eq = result.output_equality
+    compared = eq[eq["comparable"].astype(bool)] if "comparable" in eq else eq
+    n_eq = int(compared["all_equal"].astype(bool).sum()) if len(compared) else 0
+    not_compared = f"; {len(eq) - len(compared)} not compared (a failed request)" if len(compared) < len(eq) else ""
+    heads.append(report_view.Headline("outputs across arms", "EQUAL" if v.outputs_equal else "NOT EQUAL",
+                                      v.outputs_equal,
+                                      f"{n_eq} of {len(compared)} prompts equal under greedy decoding{not_compared}"))
+    for arm, why in v.left_out.items():
+        heads.append(report_view.Headline(arm, "LEFT OUT", False, why))
+    s = result.summary
+    failed = int(s["failed"].sum()) if "failed" in s else 0
+    return report_view.Summary(
+        question=f"Does flipping {params.flip.file}:{params.flip.field} of {params.flip.folder} "
+                 f"({' vs '.join(json.dumps(x) for x in params.flip.values)}) change draft acceptance?",
+        headlines=heads,
+        evidence=[f"{len(s)} arms, one server each", f"{int(s['requests'].sum())} requests ({failed} failed)",
+                  f"{int(s['drafts'].sum())} drafts counted", "arms proven to differ only in the flipped field"],
+    )
+
+
+def request_failure_table(data: FlipData, max_failed: int) -> pd.DataFrame:
+    """Per arm: its requests, how many failed, and whether it stays in the analysis."""
+    return request_failures.failure_table(data.requests, ["arm"], max_failed)
 
 
 def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
     summary = arm_summary(data)
     positions = per_position_acceptance(data)
-    equality = output_equality(data)
+    failures = request_failure_table(data, params.measurement.max_failed_requests)
+    left_out = request_failures.left_out(failures, ["arm"])
+    kept = [a for a in data.arms.sort_values("index")["arm"] if a not in left_out]
+    equality = output_equality(data, kept)
     return FlipResult(
         description=describe_flip(data), differences=diff_table(data), summary=summary, per_position=positions,
         per_position_table=per_position_table(positions), intervals_by_arm=intervals_by_arm(data),
-        output_equality=equality, verdict=flip_verdict(summary, equality, params.collapse_fraction),
+        output_equality=equality, verdict=flip_verdict(summary, equality, params.collapse_fraction, left_out),
+        request_failures=failures,
     )
 
 

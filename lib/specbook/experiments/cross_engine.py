@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specbook import categories, report_view, request_failures, resume, stats
 from specbook.acceptance import (
     ACCEPTED,
     DEFINITION,
@@ -39,6 +40,7 @@ from specbook.engines import EngineConfig
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.guards import GuardThresholds, GuardVerdict, SideOutputs, guard_cell
 from specbook.params import ExperimentParams
+from specbook.request_failures import RequestMeasurement
 
 SIDES = ("ours", "oracle")
 OFF_LANE = "off"
@@ -49,6 +51,10 @@ SERVERS_FRAME = "servers"
 PINS_JSON = "pins"
 COLD_JSON = "cold_responses"
 WEIGHTS_JSON = "weights"
+# A unit of work is one lane x side server (all its prompt cells); its servers row (appended last) says it finished.
+UNITS = resume.register_units("cross_engine", resume.Units(
+    done_frame=SERVERS_FRAME, key=("side", "lane"), frames=(REQUESTS_FRAME, CELLS_FRAME, SERVERS_FRAME),
+    server="server"))
 PROPOSALS_NOTE = (
     "Draft proposals side by side: not shown. Neither engine exposes the drafted token ids of each step "
     "through its API or metrics (vLLM 0.32 not at all; llama.cpp 11434 only prints draft candidates "
@@ -88,6 +94,7 @@ class PromptSpec(BaseModel):
     text: str = Field(min_length=1)
     chat: bool = True
     system: str | None = None
+    category: str | None = Field(None, description="task category (e.g. a Spec-Bench group): ratio and AL per category")
 
 
 class CrossEngineParams(ExperimentParams):
@@ -104,6 +111,8 @@ class CrossEngineParams(ExperimentParams):
     guards: GuardThresholds = Field(default_factory=GuardThresholds)
     ci_level: float = Field(0.95, gt=0, lt=1)
     n_boot: int = Field(2000, ge=100)
+    measurement: RequestMeasurement = Field(default_factory=RequestMeasurement,
+                                            description="max_failed_requests: per lane x prompt cell, both sides")
 
     @model_validator(mode="after")
     def _matched_work(self) -> CrossEngineParams:
@@ -229,8 +238,10 @@ def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
 
 
 def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
-    """Check pins (abort before measuring), derive weights, then serve each lane on each side in turn."""
-    from specbook import harness
+    """Check pins (abort before measuring), derive weights, then serve each lane on each side in turn.
+
+    A resumed run (specbook.resume) skips the lane x side servers the folder holds as done."""
+    from specbook import harness, progress
 
     pins = check_all_pins(params)
     ctx.save_json(PINS_JSON, pins)
@@ -239,12 +250,19 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     tokenizer = load_tokenizer(params)
     prompts = params.selected_prompts()
 
-    cold: list[dict[str, Any]] = []
+    done = resume.done_units(ctx, UNITS)
+    saved_cold = ctx.load_json(COLD_JSON) if done and (Path(ctx.data_dir) / f"{COLD_JSON}.json").exists() else []
+    cold: list[dict[str, Any]] = [c for c in saved_cold if (c["side"], c["lane"]) in done]
+    units = progress.Units("cross-engine server", 2 * len(params.lanes))  # console only (specbook.progress)
     for lane in params.lanes:
         for which in ("oracle", "ours"):
+            if (which, lane.name) in done:
+                units.skip(f"{which} / lane {lane.name}")
+                continue
             side = params.side(which)
             cfg = lane_config(side, lane)
             label = f"{side.label}-{lane.name}"
+            units.start(f"{label} ({which}, {len(prompts)} prompts)")
             request_frames, cell_rows = [], []
             extra = {"experiment": "cross_engine", "side": which, "lane": lane.name}
             with harness.serve(cfg, ctx, label, extra=extra) as server:
@@ -323,19 +341,16 @@ def with_rates(requests: pd.DataFrame) -> pd.DataFrame:
 def ratio_of_means_ci(
     ours: np.ndarray, oracle: np.ndarray, *, ci: float = 0.95, n_boot: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:
-    """mean(ours) / mean(oracle) with a percentile bootstrap CI resampling each side's repeats.
+    """mean(ours) / mean(oracle) with Fieller's interval (Welch df) over each side's repeats
+    (stats.ratio_of_means_interval; n_boot and seed are no longer used: a bootstrap of 2-3 repeats
+    covers far less than its level).
 
     Repeats on one server share its state: the CI covers request-to-request noise, not server-to-server.
     """
     ours, oracle = np.asarray(ours, float), np.asarray(oracle, float)
     if ours.size == 0 or oracle.size == 0:
         return math.nan, math.nan, math.nan
-    point = float(ours.mean() / oracle.mean())
-    rng = np.random.default_rng(seed)
-    a = ours[rng.integers(0, ours.size, (n_boot, ours.size))].mean(axis=1)
-    b = oracle[rng.integers(0, oracle.size, (n_boot, oracle.size))].mean(axis=1)
-    lo, hi = np.percentile(a / b, [100 * (1 - ci) / 2, 100 * (1 + ci) / 2])
-    return point, float(lo), float(hi)
+    return stats.ratio_of_means_interval(ours, oracle, ci, nonnegative=True)
 
 
 def _tokens(df: pd.DataFrame) -> list[list[int]]:
@@ -378,13 +393,24 @@ def _labels(data: CrossData) -> dict[str, str]:
     return labels
 
 
+def request_failure_table(data: CrossData, max_failed: int) -> pd.DataFrame:
+    """Per lane x prompt cell (both sides' warm repeats): requests, failed, and whether it stays comparable."""
+    return request_failures.failure_table(data.requests, ["lane", "prompt"], max_failed)
+
+
+FAILED_FLAG = "failed requests"
+
+
 def cell_table(
-    data: CrossData, thresholds: GuardThresholds | None = None, *, ci: float = 0.95, n_boot: int = 2000
+    data: CrossData, thresholds: GuardThresholds | None = None, *, ci: float = 0.95, n_boot: int = 2000,
+    max_failed_requests: int = 0,
 ) -> pd.DataFrame:
-    """lane / prompt / ours / oracle / ratio [CI] / flags, plus lengths, divergence, TTFT, ITL, AL."""
-    req = with_rates(data.requests)
-    req = req[req["error"].isna()] if "error" in req else req
+    """lane / prompt / ours / oracle / ratio [CI] / flags, plus lengths, divergence, TTFT, ITL, AL.
+
+    A cell with more failed requests than `max_failed_requests` is not comparable, whatever its guards say."""
+    req = request_failures.answered(with_rates(data.requests))
     guards = cell_guards(data, thresholds)
+    over = request_failures.left_out(request_failure_table(data, max_failed_requests), ["lane", "prompt"])
     acc = acceptance_table(data) if not data.cells.empty else pd.DataFrame()
     al = acc.set_index(["lane", "prompt", "side"])["al"] if not acc.empty else None
     rows = []
@@ -396,15 +422,15 @@ def cell_table(
             "lane": lane, "prompt": prompt,
             "ours_tok_s": float(ours["tok_s"].mean()), "oracle_tok_s": float(oracle["tok_s"].mean()),
             "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
-            "comparable": verdict.comparable,
-            "flags": ", ".join(verdict.flags),
+            "comparable": verdict.comparable and (lane, prompt) not in over,
+            "flags": ", ".join([*verdict.flags, *([FAILED_FLAG] if (lane, prompt) in over else [])]),
             "ours_tokens": verdict.ours_tokens, "oracle_tokens": verdict.oracle_tokens,
             "first_divergence": verdict.first_divergence,
             "ours_distinct": verdict.ours_distinct_ratio, "oracle_distinct": verdict.oracle_distinct_ratio,
             "ours_ttft_ms": 1000 * float(ours["ttft_s"].mean()), "oracle_ttft_ms": 1000 * float(oracle["ttft_s"].mean()),
             "ours_itl_ms": 1000 * float(ours["itl_mean_s"].mean()),
             "oracle_itl_ms": 1000 * float(oracle["itl_mean_s"].mean()),
-            "reasons": list(verdict.reasons),
+            "reasons": [*verdict.reasons, *([over[(lane, prompt)]] if (lane, prompt) in over else [])],
         }
         if al is not None:
             for which in SIDES:
@@ -416,8 +442,8 @@ def cell_table(
 def headline(cells: pd.DataFrame, *, ci: float = 0.95, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per lane: the geometric mean of the comparable cells' ratios (flagged cells left out), with a CI.
 
-    The CI resamples comparable cells (prompts) when there are at least two; with one it is that
-    cell's own CI; with none the lane has no headline ratio.
+    The CI is the t interval of the mean log ratio over comparable cells (prompts; df = cells - 1) when
+    there are at least two; with one it is that cell's own CI; with none the lane has no headline ratio.
     """
     rows = []
     for lane, group in cells.groupby("lane", sort=False):
@@ -431,10 +457,8 @@ def headline(cells: pd.DataFrame, *, ci: float = 0.95, n_boot: int = 2000, seed:
             row.update(ratio=float(ok["ratio"].iloc[0]), ratio_lo=float(ok["ratio_lo"].iloc[0]),
                        ratio_hi=float(ok["ratio_hi"].iloc[0]))
         else:
-            rng = np.random.default_rng(seed)
-            boots = logs[rng.integers(0, logs.size, (n_boot, logs.size))].mean(axis=1)
-            lo, hi = np.percentile(boots, [100 * (1 - ci) / 2, 100 * (1 + ci) / 2])
-            row.update(ratio=float(np.exp(logs.mean())), ratio_lo=float(np.exp(lo)), ratio_hi=float(np.exp(hi)))
+            mean, lo, hi = stats.mean_t_interval(logs, ci)
+            row.update(ratio=float(np.exp(mean)), ratio_lo=float(np.exp(lo)), ratio_hi=float(np.exp(hi)))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -533,6 +557,10 @@ class CrossResult:
     per_position_table: pd.DataFrame
     definition: str
     proposals_note: str
+    # per lane x prompt: requests, failed, the bound (measurement.max_failed_requests), valid, why a cell is left out
+    request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per lane x task category (prompts with a `category`): tok/s ratio with its interval, each side's AL
+    categories: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def report_cells(self) -> pd.DataFrame:
@@ -542,16 +570,52 @@ class CrossResult:
     def guard_cells(self) -> pd.DataFrame:
         return self.cells[[c for c in GUARD_COLUMNS if c in self.cells]]
 
+    def answer(self, params: CrossEngineParams) -> report_view.Summary:
+        """The report's summary block: each lane's headline ratio with its interval, and how many cells stand behind it."""
+        return cross_answer(self, params)
+
+
+def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.Summary:
+    """Question, one headline per lane (geometric-mean tok/s ratio of comparable cells, its CI), evidence."""
+    ours, oracle, fmt = params.ours.label, params.oracle.label, report_view.fmt
+    heads = []
+    for _, h in result.headline.iterrows():
+        n, total = int(h["comparable"]), int(h["cells"])
+        if n == 0:
+            heads.append(report_view.Headline(f"lane {h['lane']}", "NO COMPARABLE CELL", False,
+                                              f"all {total} cells flagged ({h['left_out']})"))
+            continue
+        rests = f"rests on {n} of {total} cells" + (f"; left out: {h['left_out']}" if h["left_out"] else "")
+        heads.append(report_view.Headline(
+            f"lane {h['lane']}", f"{ours}/{oracle} tok/s {fmt(h['ratio'], 3)}x", None if n > 1 else False,
+            rests, report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3)
+            + (" (one cell: that cell's own CI)" if n == 1 else "")))
+    cells = result.cells
+    flagged = int((~cells["comparable"]).sum()) if len(cells) else 0
+    pins_ok = bool(result.pins["ok"].all()) if len(result.pins) else True
+    return report_view.Summary(
+        question=f"How fast is {ours} against the pinned {oracle} oracle on the same weights, lanes and prompts, "
+                 "counting only cells the guards call comparable?",
+        headlines=heads,
+        evidence=[f"{len(cells)} cells ({len(result.headline)} lanes x prompts), {len(cells) - flagged} comparable, "
+                  f"{flagged} flagged", f"{params.warm_repeats} warm repeats per cell",
+                  "every pin matched" if pins_ok else "a pin did NOT match"],
+    )
+
 
 def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
-    cells = cell_table(data, params.guards, ci=params.ci_level, n_boot=params.n_boot)
+    bound = params.measurement.max_failed_requests
+    cells = cell_table(data, params.guards, ci=params.ci_level, n_boot=params.n_boot, max_failed_requests=bound)
     positions = per_position(data)
     return CrossResult(
         pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
         headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
         acceptance=acceptance_table(data) if not data.cells.empty else pd.DataFrame(),
         per_position=positions, per_position_table=per_position_table(positions), definition=definition_note(),
-        proposals_note=PROPOSALS_NOTE,
+        proposals_note=PROPOSALS_NOTE, request_failures=request_failure_table(data, bound),
+        categories=categories.cross_engine_by_category(
+            cells, data.cells, {p.id: p.category for p in params.prompts if p.category},
+            lambda group: headline(group, ci=params.ci_level, n_boot=params.n_boot)),
     )
 
 

@@ -24,6 +24,8 @@ from specbook.errors import WorkloadError
 
 if TYPE_CHECKING:
     from specbook.client import ChatRequest, RequestRecord
+    from specbook.workloads.base import WorkloadDraw
+    from specbook.workloads.params import Gsm8kWorkloadParams
 
 NAME = "gsm8k"
 HUB_ID = "openai/gsm8k"
@@ -243,9 +245,19 @@ def make_requests(
             temperature=0.0,
             seed=seed,
             extra_body=dict(extra_body or {}),
+            category=NAME,
         )
         for it in workload.items
     ]
+
+
+def draw(params: Gsm8kWorkloadParams, seed: int, test_path: Path | None, train_path: Path | None) -> WorkloadDraw:
+    """The registry's entry: `params.subset` questions drawn with `seed`, their requests and their grader."""
+    from specbook.workloads.base import WorkloadDraw
+
+    wl = load_gsm8k(test_path, train_path, n=params.subset, seed=seed, num_shots=params.shots)
+    requests = make_requests(wl, max_tokens=params.max_tokens, seed=params.request_seed)
+    return WorkloadDraw(NAME, requests, wl.selection, grader=lambda frame: grade(frame, wl))
 
 
 def _records_as_frame(records: Sequence[RequestRecord] | pd.DataFrame) -> pd.DataFrame:

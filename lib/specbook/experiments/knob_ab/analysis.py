@@ -7,11 +7,11 @@ accuracy, and the reconciliation of log intervals with the counters of the same 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
-from specbook import acceptance, decision, stats, steady
+from specbook import acceptance, categories, decision, report_view, request_failures, stats, steady
 from specbook.arms import BASELINE
 from specbook.errors import ExperimentError
 from specbook.experiments.knob_ab.attribution import (
@@ -68,6 +68,60 @@ class KnobABResult:
     per_position_table: pd.DataFrame  # position x arm: mean rate over the arm's runs
     reconciliation: pd.DataFrame  # per run: log totals vs counter deltas of the same window
     runs: pd.DataFrame  # every server run in launch order with its raw counters
+    # per run: requests, failed, the bound (measurement.max_failed_requests), valid, why a run is left out
+    request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per (task category, arm): counter AL over the runs' category windows with its interval (empty: one category)
+    category_al: pd.DataFrame = field(default_factory=pd.DataFrame)
+    category_delta: pd.DataFrame = field(default_factory=pd.DataFrame)  # per category: each arm vs baseline
+
+    def answer(self, params: KnobABParams) -> report_view.Summary:
+        """The report's summary block: each comparison's verdict with its delta and interval, and the evidence."""
+        return knob_ab_answer(self, params)
+
+    def comparison_view(self) -> pd.DataFrame:
+        """The comparisons a reader reads: arms, means, delta (abs, %, baseline sds), its interval in %, p values."""
+        cols = ["arm", "baseline", "n_baseline", "n_variant", "baseline_mean", "variant_mean", "delta_abs",
+                "delta_pct", "delta_over_baseline_sd", "ci_low_pct", "ci_high_pct", "ci_method", "ci_df", "tost_p", "p_difference",
+                "welch_p"]
+        c = self.decision.comparisons
+        return c[[k for k in cols if k in c.columns]]
+
+
+def knob_ab_answer(result: KnobABResult, params: KnobABParams) -> report_view.Summary:
+    """Question, one headline per comparison (verdict, arm means and delta %, the delta's CI in %), evidence."""
+    d = result.decision
+    cmp = d.comparisons.set_index(["arm", "baseline"]) if len(d.comparisons) else None
+    expected = {r["comparison"]: bool(r["as expected"]) for _, r in d.knob_verdicts.iterrows()}
+    heads = []
+    for v in d.verdicts:
+        name = f"{v.arm} vs {v.baseline}"
+        row = cmp.loc[(v.arm, v.baseline)] if cmp is not None and (v.arm, v.baseline) in cmp.index else None
+        figure = interval = ""
+        if row is not None:
+            figure = (f"{d.value_col} {report_view.fmt(row['variant_mean'])} vs {report_view.fmt(row['baseline_mean'])}"
+                      f" ({report_view.signed_pct(row['delta_pct'])})")
+            if not (pd.isna(row["ci_low_pct"]) and pd.isna(row["ci_high_pct"])):
+                bounds = f"[{report_view.signed_pct(row['ci_low_pct'])}, {report_view.signed_pct(row['ci_high_pct'])}]"
+                if row.get("paired", False):  # the method names its sweeps and df
+                    interval = f"{row['ci']:.0%} CI of delta {bounds}, {row['ci_method']}"
+                else:
+                    interval = (f"{row['ci']:.0%} Welch t CI of delta {bounds}"
+                                + (f" (df {row['ci_df']:.3g})" if pd.notna(row.get("ci_df")) else ""))
+        heads.append(report_view.Headline(name, v.conclusion.upper(), expected.get(name), figure, interval))
+    run_al = d.run_al
+    usable = int(run_al[d.value_col].notna().sum()) if d.value_col in run_al else 0
+    per_arm = run_al.loc[run_al[d.value_col].notna()].groupby("arm").size() if usable else pd.Series(dtype=int)
+    sweeps = (f"{per_arm.min()} sweeps per arm" if len(per_arm) and per_arm.min() == per_arm.max()
+              else f"{per_arm.min()}-{per_arm.max()} sweeps per arm" if len(per_arm) else "no usable sweep")
+    knobs = ", ".join(k.name for k in params.knobs)
+    return report_view.Summary(
+        question=f"Does each knob ({knobs}) move draft acceptance ({d.value_col}) beyond run-to-run noise? "
+                 f"{params.description}".strip(),
+        headlines=heads,
+        evidence=[sweeps, f"{usable} of {len(result.runs)} runs usable",
+                  f"{len(result.attribution.flagged)} run(s) flagged by attribution",
+                  f"{len(result.notes)} note(s)" if result.notes else "no notes"],
+    )
 
 
 def knobs_table(params: KnobABParams) -> pd.DataFrame:
@@ -128,13 +182,51 @@ def reconcile_log_with_counters(runs: pd.DataFrame, intervals: pd.DataFrame) -> 
     return out[cols]
 
 
+def request_failure_table(data: KnobABData, runs: pd.DataFrame, max_failed: int) -> pd.DataFrame:
+    """Per launched run that finished: its requests, how many failed, and whether it stays in the analysis."""
+    table = request_failures.failure_table(data.requests, ["run_id"], max_failed)
+    return table[table["run_id"].isin(runs["run_id"])].reset_index(drop=True)
+
+
+def answered_accuracy(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per run: correct answers among the requests that answered (a failed request is no answer), and their count."""
+    if requests.empty or not {"run_id", "correct"} <= set(requests.columns):
+        return pd.DataFrame(columns=["correct", "total"])
+    graded = request_failures.answered(requests).groupby("run_id")["correct"]
+    return pd.DataFrame({"correct": graded.sum().astype(int), "total": graded.size()})
+
+
+def server_minutes(runs: pd.DataFrame) -> float:
+    """Server time the runs cost: start-up (ready_s) plus the measured window (wall_s), in minutes."""
+    cols = [c for c in ("ready_s", "wall_s") if c in runs]
+    return float(runs[cols].fillna(0).to_numpy().sum() / 60) if cols else float("nan")
+
+
+def adaptive_sweeps_note(looks: list[dict], runs: pd.DataFrame) -> str:
+    """What the group-sequential stopping rule decided, after how many sweeps, at what server cost."""
+    last = looks[-1]
+    per = "; ".join(f"{c['arm']}: {c['decision']}" for c in last.get("comparisons", []))
+    return (f"adaptive sweeps ({last['sweeps_min']}..{last['sweeps_max']}): after {last['sweeps']} sweeps the "
+            f"group-sequential rule ({last['method']}, {last['spending']} alpha spending, alpha {last['alpha']:g}) "
+            f"said {last['decision']!r} ({per}) in {len(looks)} look(s); {server_minutes(runs):.1f} server-minutes")
+
+
 def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     notes: list[str] = []
     runs = data.runs[data.runs["status"].isin(["ok", "ingested"])].copy()
+    if data.looks:
+        notes.append(adaptive_sweeps_note(data.looks, runs))
     if data.run_dir is not None:
         runs = attention_backends_from_logs(runs, data.run_dir, params.engine.engine)
+    failures = request_failure_table(data, runs, params.measurement.max_failed_requests)
+    over = request_failures.left_out(failures, ["run_id"])
+    if over:
+        notes.append(f"{len(over)} run(s) left out for failed requests (see the failed-requests table): "
+                     + "; ".join(f"{run_id}: {why}" for run_id, why in over.items()))
+        runs = runs[~runs["run_id"].isin(list(over))]
     if runs.empty:
-        raise ExperimentError("no successful run to analyse")
+        raise ExperimentError("no successful run to analyse" + (f" ({len(over)} left out for failed requests, "
+                                                                f"more than {request_failures.FIELD})" if over else ""))
     attr = attribute_runs(runs, params)
     flagged = attr[~attr["matches_declared"] | attr["arm"].isna()]
     if len(flagged):
@@ -163,6 +255,10 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     for col in ("tok_s", "wall_s", "completion_tokens", "ready_s", "correct", "total"):
         if col in runs:
             run_al[col] = runs[col].to_numpy()
+    graded = answered_accuracy(data.requests)
+    for col in ("correct", "total"):  # graded over the answers; runs saved before failures counted them wrong
+        if col in run_al and len(graded):
+            run_al[col] = run_al["run_id"].map(graded[col]).fillna(run_al[col])
     if "correct" in run_al:
         run_al["accuracy"] = run_al["correct"] / run_al["total"]
 
@@ -196,10 +292,9 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     crude_vs_load = pd.DataFrame(cmp_rows)
 
     rule = params.decision
-    n_boot, seed = params.measurement.n_boot, params.measurement.bootstrap_seed
     arm_summary = stats.arm_table(valued, "arm", value_col)
-    comparisons, verdicts = _judge(valued, value_col, BASELINE, rule, params, n_boot, seed)
-    knob_verdicts, knob_cmp = _knob_effects(valued, value_col, rule, params, n_boot, seed)
+    comparisons, verdicts = _judge(valued, value_col, BASELINE, rule, params)
+    knob_verdicts, knob_cmp = _knob_effects(valued, value_col, rule, params)
     verdicts_all = verdicts + [v for v in knob_verdicts]
     comparisons = pd.concat([comparisons, knob_cmp], ignore_index=True) if len(knob_cmp) else comparisons
 
@@ -209,7 +304,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         arms_present = set(valued["arm"])
         if {BASELINE, a, b, f"{a}+{b}"} <= arms_present:
             interaction = stats.interaction_2x2(valued, "arm", value_col, a, b, f"{a}+{b}", BASELINE,
-                                                n_boot=n_boot, seed=seed).to_frame()
+                                                ci=1 - rule.alpha, sweep_col="sweep").to_frame()
     elif params.crossed and len(params.knobs) > 2:
         notes.append("interaction is reported for two crossed knobs only")
 
@@ -223,6 +318,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
     per_pos = per_position_frame(runs, iv, arm_of)
+    category_al, category_delta = category_tables(data, runs, arm_of, params)
     return KnobABResult(
         notes=notes,
         knobs=knobs_table(params),
@@ -237,7 +333,23 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         per_position_table=per_position_table(per_pos),
         reconciliation=recon,
         runs=runs_table(runs),
+        request_failures=failures,
+        category_al=category_al,
+        category_delta=category_delta,
     )
+
+
+def category_tables(data: KnobABData, runs: pd.DataFrame, arm_of: dict, params: KnobABParams,
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """AL per task category and arm, and each arm's delta per category, from the runs' per-category windows;
+    empty where the workload has one category (the headline is then that category's AL)."""
+    cats = data.categories
+    if cats.empty or cats["category"].nunique() < 2:
+        return pd.DataFrame(), pd.DataFrame()
+    cats = cats[cats["run_id"].isin(runs["run_id"])].assign(arm=lambda f: f["run_id"].map(arm_of))
+    cats = cats[cats["arm"].notna()]
+    return (categories.al_by_category_arm(cats),
+            categories.delta_by_category(cats, BASELINE, margin_pct=params.decision.tost_margin_pct))
 
 
 def _expectation_of(arm_name: str, params: KnobABParams) -> str:
@@ -247,15 +359,15 @@ def _expectation_of(arm_name: str, params: KnobABParams) -> str:
     return "different" if "different" in expects else "equivalent"
 
 
-def _judge(df, value_col, baseline, rule, params, n_boot, seed, arms=None, label=None):
+def _judge(df, value_col, baseline, rule, params, arms=None, label=None):
     """Deltas against `baseline` and a verdict per arm: a difference for arms expected to differ, else equivalence."""
     return decision.compare_and_decide(
-        df, "arm", value_col, baseline, rule, n_boot=n_boot, seed=seed, arms=arms,
+        df, "arm", value_col, baseline, rule, arms=arms, sweep_col="sweep",
         expectation=lambda arm: _expectation_of(label or arm, params),
     )
 
 
-def _knob_effects(df, value_col, rule, params, n_boot, seed):
+def _knob_effects(df, value_col, rule, params):
     """Each knob's effect in the presence of every other knob combination (A+B vs B: does A still hold?)."""
     if not params.crossed:
         return [], pd.DataFrame()
@@ -270,7 +382,7 @@ def _knob_effects(df, value_col, rule, params, n_boot, seed):
             other = "+".join(rest)
             if other not in arms:
                 continue
-            rows, vs = _judge(df, value_col, other, rule, params, n_boot, seed, arms=[arm], label=knob.name)
+            rows, vs = _judge(df, value_col, other, rule, params, arms=[arm], label=knob.name)
             frames.append(rows)
             verdicts.extend(vs)
     return verdicts, (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())

@@ -15,9 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from specbook import attribution, secrets
+from specbook import attribution, resume, secrets
 from specbook.acceptance import Acceptance, position_column
 from specbook.arms import Arm, interleaved_schedule
+from specbook.categories import measure_by_category
 from specbook.engines import get_engine
 from specbook.envline import read_env_line
 from specbook.errors import ParamsError, RunError
@@ -32,8 +33,13 @@ from specbook.experiments.knob_ab.params import KnobABParams, resolve_path
 # Frames saved in data/ (one parquet each) and what they hold.
 RUNS = "runs"  # one row per (sweep, arm) server run
 INTERVALS = "intervals"  # one row per SpecDecoding log interval, all runs
+CATEGORIES = "categories"  # one row per (run, task category) window: its counter deltas (specbook.categories)
 REQUESTS = "requests"  # one row per request, all runs
+LOOKS = "sequential_looks"  # adaptive sweeps: the stopping rule's looks (JSON)
 COUNTER = "counter_"  # prefix of a run's counter-delta counts (the acceptance model's columns)
+# A unit of work is one (sweep, arm) server run; its runs row (appended last) says it finished.
+UNITS = resume.register_units("knob_ab", resume.Units(
+    done_frame=RUNS, key=("run_id",), frames=(RUNS, REQUESTS, INTERVALS, CATEGORIES), server="run_id", done_when={"status": "ok"}))
 
 
 @dataclass
@@ -43,6 +49,8 @@ class KnobABData:
     requests: pd.DataFrame
     workload: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None  # where the server logs lie (start-up facts are read from them)
+    categories: pd.DataFrame = field(default_factory=pd.DataFrame)  # per (run, category) window; empty before
+    looks: list[dict[str, Any]] = field(default_factory=list)  # adaptive sweeps: the rule's state after each look
 
 
 def run_name(order: int, sweep: int, arm: Arm) -> str:
@@ -72,42 +80,47 @@ def _readable(field_name: str, value: str | None) -> Path | None:
 
 
 def collect(params: KnobABParams, ctx) -> KnobABData:
-    """One fresh server per (sweep, arm), interleaved; each run's frames are saved before the next starts."""
+    """One fresh server per (sweep, arm), interleaved; each run's frames are saved before the next starts.
+
+    A resumed run (specbook.resume) skips the runs the folder holds as done: same schedule, same run ids."""
     if params.mode == "ingest":
         return ingest(params, ctx)
-    from tqdm.auto import tqdm
-
-    from specbook import harness
-    from specbook.workloads import get_workload
+    from specbook import harness, progress
+    from specbook.workloads import draw_workload
 
     w = params.workload
-    gsm8k = get_workload(w.dataset)
-    test_path = _readable("workload.test_path", w.test_path)
-    train_path = _readable("workload.train_path", w.train_path) if w.shots else resolve_path(w.train_path)
+    sweeps_min, sweeps_max = params.sweep_bounds()
     workloads = {}
-    for sweep in range(params.sweeps):
+    for sweep in range(sweeps_max):
         seed = w.subset_seed(sweep)
         if seed not in workloads:
-            workloads[seed] = gsm8k.load_gsm8k(test_path, train_path, n=w.subset, seed=seed, num_shots=w.shots)
+            workloads[seed] = draw_workload(w, seed)
     ctx.save_json("workload", {str(seed): wl.selection for seed, wl in workloads.items()})
-    requests_of = {seed: gsm8k.make_requests(wl, max_tokens=w.max_tokens, seed=w.request_seed)
-                   for seed, wl in workloads.items()}
+    requests_of = {seed: wl.requests for seed, wl in workloads.items()}
     arms = params.arms()
     check_inherited_knob_env(params, os.environ)
     ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))  # arms echo the engine's env/args
-    schedule = interleaved_schedule(arms, params.sweeps)
+    schedule = interleaved_schedule(arms, sweeps_max)
     flush = params.measurement.flush_wait_s
     flush = 2.5 * params.measurement.log_stats_interval_s if flush is None else flush
 
-    for order, (sweep, arm) in enumerate(tqdm(schedule, desc="knob A/B runs", unit="run")):
+    done = resume.done_units(ctx, UNITS)
+    units = progress.Units("knob A/B run", len(schedule))  # to the console, not the report (specbook.progress)
+    for order, (sweep, arm) in enumerate(schedule):
         run_id = run_name(order, sweep, arm)
+        if (run_id,) in done:
+            units.skip(run_id)
+            continue
+        units.start(f"{run_id} (sweep {sweep}, arm {arm.name})")
         subset_seed = w.subset_seed(sweep)
         workload, requests = workloads[subset_seed], requests_of[subset_seed]
         cfg = _arm_config(arm, params)
         row: dict[str, Any] = {"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": arm.name}
         try:
             with harness.serve(cfg, ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
-                window = server.measure(requests, concurrency=w.concurrency, flush_wait_s=flush)
+                # one window per task category on this server (one category: one plain window)
+                by_cat = measure_by_category(server, requests, concurrency=w.concurrency, flush_wait_s=flush)
+                window = by_cat.whole
         except Exception as exc:
             row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
             ctx.append_frame(RUNS, pd.DataFrame([row]))
@@ -115,7 +128,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
                            f"in {ctx.data_dir}: {exc}") from exc
         rf = window.requests_frame()
         rf.insert(0, "run_id", run_id)
-        graded = gsm8k.grade(rf, workload)
+        graded = workload.grade(rf)
         log_env = read_env_line(server.log_path)
         ok = rf[rf["error"].isna()] if "error" in rf else rf
         row.update({
@@ -134,15 +147,39 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
             "n_errors": int(len(rf) - len(ok)),
             "completion_tokens": window.completion_tokens,
             "tok_s": window.tok_s,
-            "correct": int(graded["correct"].sum()),
-            "total": int(len(graded)),
+            **({"correct": int(graded["correct"].sum()), "total": int(len(graded))} if "correct" in graded else {}),
             **window.acceptance.counts(COUNTER),
             "versions": json.dumps(server.versions),
         })
         ctx.append_frame(REQUESTS, graded)
+        ctx.append_frame(CATEGORIES, by_cat.frame().assign(run_id=run_id, sweep=sweep))
         ctx.append_frame(INTERVALS, _with_run_time(window.log_intervals(), run_id))
         ctx.append_frame(RUNS, pd.DataFrame([row]))
+        units.done()
+        if _sweep_ends(schedule, order) and params.adaptive and sweep + 1 >= sweeps_min and _rule_stops(params, ctx):
+            progress.note(f"adaptive sweeps: the rule decided after {sweep + 1} sweeps; the planned runs after it are not needed")
+            break
     return load(ctx)
+
+
+def _sweep_ends(schedule: list[tuple[int, Arm]], order: int) -> bool:
+    return order + 1 == len(schedule) or schedule[order + 1][0] != schedule[order][0]
+
+
+def _rule_stops(params: KnobABParams, ctx) -> bool:
+    """A look of the group-sequential rule (specbook.sequential) after a complete sweep; every look is kept in
+    data/sequential_looks.json (a resumed run repeats a look on the same runs and gets the same answer)."""
+    from specbook import sequential
+
+    data = load(ctx)
+    state = sequential.should_continue(data.runs, params, intervals=data.intervals)
+    looks = [lk for lk in data.looks if lk.get("sweeps") != state.sweeps]
+    looks.append({"sweeps": state.sweeps, "decision": state.decision, "method": state.method,
+                  "value_col": state.value_col, "spending": state.spending, "alpha": state.alpha,
+                  "sweeps_min": state.sweeps_min, "sweeps_max": state.sweeps_max, "notes": list(state.notes),
+                  "comparisons": [lk.as_dict() for lk in state.looks]})
+    ctx.save_json(LOOKS, looks)
+    return state.stop
 
 
 def ingest(params: KnobABParams, ctx) -> KnobABData:
@@ -218,4 +255,9 @@ def load(ctx) -> KnobABData:
         workload = ctx.load_json("workload")
     except RunError:
         workload = {}
-    return KnobABData(runs, intervals, requests, workload, Path(ctx.run_dir))
+    categories = ctx.load_frame(CATEGORIES) if ctx.has_frame(CATEGORIES) else pd.DataFrame()
+    try:
+        looks = ctx.load_json(LOOKS)
+    except RunError:
+        looks = []
+    return KnobABData(runs, intervals, requests, workload, Path(ctx.run_dir), categories, looks)

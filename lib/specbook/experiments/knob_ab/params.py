@@ -12,30 +12,13 @@ from specbook.decision import DecisionRule
 from specbook.engines.base import EngineConfig
 from specbook.params import ExperimentParams
 from specbook.paths import project_root
+from specbook.request_failures import max_failed_requests_field
+from specbook.workloads.params import Gsm8kWorkloadParams
+from specbook.workloads.params import WorkloadParams as AnyWorkloadParams
 
-
-class WorkloadParams(BaseModel):
-    """GSM8K k-shot chat: local JSONL paths (tests, CI) or the hub (`openai/gsm8k`) when left null."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dataset: Literal["gsm8k"] = "gsm8k"
-    test_path: str | None = Field(None, description="test.jsonl; null loads openai/gsm8k from the hub")
-    train_path: str | None = Field(None, description="train.jsonl (few-shot source); null: the hub")
-    subset: int | None = Field(32, ge=1, description="questions drawn from the test split; null: all")
-    seed: int = Field(1234, description="seed of the subset draw (recorded with the indices)")
-    shots: int = Field(5, ge=0)
-    max_tokens: int = Field(256, ge=1)
-    concurrency: int = Field(4, ge=1, description="requests in flight; the steady-state target")
-    request_seed: int | None = Field(0, description="per-request sampling seed (greedy anyway)")
-    resample_per_sweep: bool = Field(
-        False, description="draw a fresh subset for each sweep (seed + sweep), the same for every arm of that "
-        "sweep: run-to-run sd then includes which questions were served, the noise of a real workload; "
-        "false: every sweep serves the same questions and sd is the engine's own run-to-run noise",
-    )
-
-    def subset_seed(self, sweep: int) -> int:
-        return self.seed + sweep if self.resample_per_sweep else self.seed
+# The workload schemas live with the workloads (one registry for every experiment). `WorkloadParams` here
+# stays the GSM8K schema for modules that read GSM8K's fields directly.
+WorkloadParams = Gsm8kWorkloadParams
 
 
 class SteadyParams(BaseModel):
@@ -62,8 +45,11 @@ class MeasurementParams(BaseModel):
     primary: Literal["steady_log_al", "counter_al"] = Field(
         "steady_log_al", description="per-run AL the statistics use: steady-state log intervals, or whole-run counters"
     )
-    n_boot: int = Field(5000, ge=100)
-    bootstrap_seed: int = 0
+    max_failed_requests: int = max_failed_requests_field()  # per run (specbook.request_failures)
+    # No knob A/B interval resamples any more (they are Welch t, specbook.stats); kept so that params files
+    # and run folders written before still load.
+    n_boot: int = Field(5000, ge=100, description="unused (was the bootstrap's resample count)")
+    bootstrap_seed: int = Field(0, description="unused (was the bootstrap's seed)")
 
 
 class IngestParams(BaseModel):
@@ -88,7 +74,15 @@ class KnobABParams(ExperimentParams):
     knobs: list[KnobSpec] = Field(min_length=1)
     crossed: bool = Field(True, description="all knob combinations (2^n arms); false: baseline + each knob alone")
     sweeps: int = Field(2, ge=1, description="independent sweeps per arm, each on a fresh server")
-    workload: WorkloadParams = Field(default_factory=WorkloadParams)
+    sweeps_min: int | None = Field(
+        None, ge=1, description="adaptive sweeps: first look after this many sweeps; null: `sweeps`"
+    )
+    sweeps_max: int | None = Field(
+        None, ge=1, description="adaptive sweeps: stop here at the latest (specbook.sequential decides in between); "
+        "null: `sweeps`. sweeps_min = sweeps_max is a fixed protocol; otherwise the collection loop looks "
+        "(sequential.should_continue) after each complete sweep from sweeps_min on and stops once it decides"
+    )
+    workload: AnyWorkloadParams = Field(default_factory=Gsm8kWorkloadParams)
     steady_state: SteadyParams = Field(default_factory=SteadyParams)
     measurement: MeasurementParams = Field(default_factory=MeasurementParams)
     decision: DecisionRule = Field(default_factory=DecisionRule)
@@ -99,6 +93,26 @@ class KnobABParams(ExperimentParams):
         if self.mode == "ingest" and self.ingest is None:
             raise ValueError("mode 'ingest' needs an `ingest:` block with `logs:` globs")
         return self
+
+    @model_validator(mode="after")
+    def _sweep_bounds(self) -> KnobABParams:
+        lo, hi = self.sweep_bounds()
+        if lo > hi:
+            raise ValueError(f"sweeps_min ({lo}) must be <= sweeps_max ({hi})")
+        if hi > lo and lo < 2:
+            raise ValueError(f"adaptive sweeps need sweeps_min >= 2 (a first look needs a run-to-run sd); got {lo}")
+        return self
+
+    def sweep_bounds(self) -> tuple[int, int]:
+        """(sweeps_min, sweeps_max), each defaulting to `sweeps`: equal bounds are today's fixed protocol."""
+        lo = self.sweeps if self.sweeps_min is None else self.sweeps_min
+        hi = self.sweeps if self.sweeps_max is None else self.sweeps_max
+        return lo, hi
+
+    @property
+    def adaptive(self) -> bool:
+        lo, hi = self.sweep_bounds()
+        return hi > lo and self.mode == "launch"  # ingest adds no sweep: it analyses the logs it is given
 
     def arms(self) -> list[Arm]:
         return build_arms(self.engine.model_dump(), self.knobs, crossed=self.crossed)

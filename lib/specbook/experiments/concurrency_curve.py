@@ -1,0 +1,373 @@
+"""The AL-vs-concurrency curve: per arm, AL, tok/s, TTFT and ITL at each concurrency level.
+
+One fresh server per (sweep, arm), arms interleaved as in the knob A/B; on each server every level is
+its own measured window (counter snapshots around it, its own log intervals), the levels in a random
+order drawn per sweep (the same order for every arm of that sweep, so arms meet the same warm-up and
+drift). Intervals are across sweeps: a level's figure per arm is the mean of its sweeps' windows.
+
+Unit of work: one (sweep, arm) server; its level rows, requests and log intervals are appended when
+it ends, so a failure later loses nothing measured before it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specbook import secrets
+from specbook.acceptance import Acceptance
+from specbook.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
+from specbook.engines.base import EngineConfig
+from specbook.errors import RunError
+from specbook.experiments.knob_ab.params import WorkloadParams, resolve_path
+from specbook.experiments.registry import ExperimentSpec, register_experiment
+from specbook.params import ExperimentParams, load_params
+
+LEVELS = "levels"  # one row per (sweep, arm, level) window
+REQUESTS = "requests"  # one row per request
+INTERVALS = "intervals"  # one row per engine log interval, tagged with its level window
+COUNTER = "counter_"  # prefix of a window's counter-delta counts (the acceptance model's columns)
+
+
+class CurveMeasurement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    log_stats_interval_s: float = Field(1.0, gt=0, description="VLLM_LOG_STATS_INTERVAL for launched servers")
+    flush_wait_s: float | None = Field(
+        None, ge=0, description="wait after a level's last request so its last log interval is written; null: "
+        "2.5 x log_stats_interval_s")
+    requests_per_slot: int = Field(
+        2, ge=1, description="requests per level = max(min_requests, level x requests_per_slot): every slot "
+        "is refilled this many times, so a level is mostly at its concurrency rather than draining")
+    min_requests: int = Field(4, ge=1)
+    warmup_requests: int = Field(2, ge=0, description="unmeasured requests before a server's first level")
+    primary: Literal["counter_al", "steady_log_al"] = Field(
+        "counter_al", description="per-window AL the curve uses: the level window's /metrics counters (every "
+        "token, exact), or its steady log intervals (running >= min_running_fraction x level)")
+    min_running_fraction: float = Field(0.75, ge=0, le=1)
+    ci: float = Field(0.95, gt=0, lt=1)
+
+
+class ConcurrencyCurveParams(ExperimentParams):
+    """Arms (the baseline and each knob alone) x concurrency levels x sweeps."""
+
+    mode: Literal["launch"] = "launch"
+    engine: EngineConfig
+    knobs: list[KnobSpec] = Field(default_factory=list, description="each knob alone is an arm beside the baseline")
+    levels: list[int] = Field(description="concurrency levels (requests in flight), e.g. [1, 2, 4, 8]")
+    sweeps: int = Field(2, ge=2, description="fresh servers per arm; intervals are across sweeps")
+    order_seed: int = Field(0, description="seed of each sweep's random level order (seed + sweep)")
+    workload: WorkloadParams
+    measurement: CurveMeasurement = Field(default_factory=CurveMeasurement)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 1 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"levels must be distinct integers >= 1, got {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _seats(self) -> ConcurrencyCurveParams:
+        seqs = self.engine.max_num_seqs
+        if seqs is not None and max(self.levels) > seqs:
+            raise ValueError(f"levels: {max(self.levels)} exceeds engine.max_num_seqs={seqs}; the server would "
+                             f"queue, not run, the extra requests")
+        return self
+
+    def arms(self) -> list[Arm]:
+        return build_arms(self.engine.model_dump(exclude_none=True), self.knobs, crossed=False)
+
+    def level_order(self, sweep: int) -> list[int]:
+        order = list(self.levels)
+        random.Random(self.order_seed + sweep).shuffle(order)
+        return order
+
+    def requests_at(self, level: int) -> int:
+        m = self.measurement
+        return max(m.min_requests, level * m.requests_per_slot)
+
+
+@dataclass
+class CurveData:
+    levels: pd.DataFrame
+    requests: pd.DataFrame
+    intervals: pd.DataFrame
+    run_dir: Path | None = None
+    workload: dict[str, Any] = field(default_factory=dict)
+
+
+def run_name(order: int, sweep: int, arm: Arm) -> str:
+    return f"{order:02d}-sweep{sweep}-{arm.name}"
+
+
+def window_id(run_id: str, level: int) -> str:
+    return f"{run_id}@c{level}"
+
+
+def arm_config(arm: Arm, params: ConcurrencyCurveParams) -> EngineConfig:
+    cfg = EngineConfig.model_validate(arm.engine)
+    env = {"VLLM_LOG_STATS_INTERVAL": f"{params.measurement.log_stats_interval_s:g}", **cfg.env}
+    return cfg.model_copy(update={"env": env})
+
+
+def _median(values: list[float]) -> float:
+    vals = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.median(vals)) if vals else float("nan")
+
+
+def level_row(window: Any, level: int) -> dict[str, Any]:
+    """A level window's figures: tok/s from the client, acceptance from the counters, median latencies."""
+    ok = window.ok_records()
+    itl = [gap for r in ok for gap in r.itl_s]
+    return {
+        "n_requests": len(window.records),
+        "n_errors": len(window.records) - len(ok),
+        "wall_s": window.wall_s,
+        "completion_tokens": window.completion_tokens,
+        "tok_s": window.tok_s,
+        "ttft_ms": 1000 * _median([r.ttft_s for r in ok]),
+        "tpot_ms": 1000 * _median([r.tpot_s for r in ok]),
+        "itl_ms": 1000 * _median(itl),
+        **window.acceptance.counts(COUNTER),
+    }
+
+
+def _requests(params: ConcurrencyCurveParams, workload: Any, gsm8k: Any, level: int, sweep: int) -> list[Any]:
+    """The first n requests of the sweep's question draw, ids tagged with the level (ids stay unique)."""
+    n = params.requests_at(level)
+    base = gsm8k.make_requests(workload, max_tokens=params.workload.max_tokens, seed=params.workload.request_seed)
+    if not base:
+        raise RunError("workload: no requests drawn")
+    picked = [base[i % len(base)] for i in range(n)]
+    return [r.model_copy(update={"prompt_id": f"c{level}-{i}-{r.prompt_id}"}) for i, r in enumerate(picked)]
+
+
+def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
+    from specbook import harness
+    from specbook.workloads import get_workload
+
+    w = params.workload
+    gsm8k = get_workload(w.dataset)
+    test_path, train_path = resolve_path(w.test_path), resolve_path(w.train_path)
+    draws = {s: gsm8k.load_gsm8k(test_path, train_path, n=w.subset, seed=w.subset_seed(s), num_shots=w.shots)
+             for s in range(params.sweeps)}
+    ctx.save_json("workload", {str(w.subset_seed(s)): d.selection for s, d in draws.items()})
+    arms = params.arms()
+    ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))
+    m = params.measurement
+    flush = 2.5 * m.log_stats_interval_s if m.flush_wait_s is None else m.flush_wait_s
+    for order, (sweep, arm) in enumerate(interleaved_schedule(arms, params.sweeps)):
+        run_id = run_name(order, sweep, arm)
+        rows, requests, intervals = [], [], []
+        with harness.serve(arm_config(arm, params), ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
+            if m.warmup_requests:
+                server.send(_requests(params, draws[sweep], gsm8k, 1, sweep)[: m.warmup_requests])
+            for level_order, level in enumerate(params.level_order(sweep)):
+                window = server.measure(_requests(params, draws[sweep], gsm8k, level, sweep), concurrency=level,
+                                        flush_wait_s=flush)
+                wid = window_id(run_id, level)
+                rows.append({"window_id": wid, "run_id": run_id, "order": order, "sweep": sweep, "arm": arm.name,
+                             "level": level, "level_order": level_order, **level_row(window, level),
+                             "versions": json.dumps(server.versions)})
+                rf = window.requests_frame()
+                rf.insert(0, "window_id", wid)
+                rf.insert(1, "level", level)
+                requests.append(rf)
+                iv = window.log_intervals()
+                iv.insert(0, "window_id", wid)
+                iv.insert(1, "level", level)
+                intervals.append(iv)
+        ctx.append_frame(REQUESTS, pd.concat(requests, ignore_index=True))
+        ctx.append_frame(INTERVALS, pd.concat(intervals, ignore_index=True))
+        ctx.append_frame(LEVELS, pd.DataFrame(rows))
+    return load(ctx)
+
+
+def load(ctx: Any) -> CurveData:
+    levels = ctx.load_frame(LEVELS)
+    requests = ctx.load_frame(REQUESTS) if ctx.has_frame(REQUESTS) else pd.DataFrame()
+    intervals = ctx.load_frame(INTERVALS) if ctx.has_frame(INTERVALS) else pd.DataFrame()
+    try:
+        workload = ctx.load_json("workload")
+    except RunError:
+        workload = {}
+    return CurveData(levels, requests, intervals, Path(ctx.run_dir), workload)
+
+
+# ---------------------------------------------------------------- analysis
+
+
+def window_al(data: CurveData, params: ConcurrencyCurveParams) -> pd.DataFrame:
+    """Per window: AL from its counters, AL from its steady log intervals (running >= fraction x level), and
+    the one the curve uses (`al`, per measurement.primary)."""
+    from specbook.acceptance import frame_al
+
+    out = data.levels.copy()
+    out["counter_al"] = [Acceptance.from_row(r, COUNTER).al for _, r in out.iterrows()]
+    steady = []
+    frac = params.measurement.min_running_fraction
+    for _, row in out.iterrows():
+        iv = data.intervals[data.intervals["window_id"] == row["window_id"]] if len(data.intervals) else data.intervals
+        if len(iv) and "running" in iv:
+            kept = iv[iv["running"].astype(float) >= frac * row["level"]]
+            steady.append((frame_al(kept), len(kept), len(iv)))
+        else:
+            steady.append((float("nan"), 0, len(iv)))
+    out["steady_log_al"] = [s[0] for s in steady]
+    out["steady_intervals"] = [s[1] for s in steady]
+    out["log_intervals"] = [s[2] for s in steady]
+    out["al"] = out[params.measurement.primary]
+    return out
+
+
+def _t_interval(values: np.ndarray, ci: float) -> tuple[float, float, float, float]:
+    """Mean, sd and the Student t interval of the mean across sweeps (stats.mean_t_interval)."""
+    from specbook.stats import mean_t_interval
+
+    vals = values[np.isfinite(values)]
+    if vals.size == 0:
+        return (float("nan"),) * 4
+    mean, lo, hi = mean_t_interval(vals, ci)
+    sd = float(vals.std(ddof=1)) if vals.size > 1 else float("nan")
+    return mean, sd, lo, hi
+
+
+METRICS = {"al": "AL", "tok_s": "tok/s", "ttft_ms": "TTFT ms", "itl_ms": "ITL ms"}
+
+
+def curve_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
+    """One row per (arm, level, metric): mean across sweeps with its t interval, n sweeps."""
+    rows = []
+    for (arm, level), g in windows.groupby(["arm", "level"], sort=True):
+        for col, label in METRICS.items():
+            mean, sd, lo, hi = _t_interval(g[col].to_numpy(dtype=float), ci)
+            rows.append({"arm": arm, "level": int(level), "metric": label, "mean": mean, "sd": sd,
+                         "ci_low": lo, "ci_high": hi, "n": int(g[col].notna().sum())})
+    return pd.DataFrame(rows)
+
+
+def delta_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
+    """Each knob arm's AL and tok/s minus the baseline's at each level, paired by sweep (the same server
+    slot in the interleaved order, the same questions), with the t interval of the paired differences."""
+    rows = []
+    base = windows[windows["arm"] == BASELINE]
+    for arm in sorted(set(windows["arm"]) - {BASELINE}):
+        var = windows[windows["arm"] == arm]
+        for level in sorted(set(windows["level"])):
+            for col, label in (("al", "AL"), ("tok_s", "tok/s")):
+                b = base[base["level"] == level].set_index("sweep")[col]
+                v = var[var["level"] == level].set_index("sweep")[col]
+                paired = (v - b).dropna()
+                mean, sd, lo, hi = _t_interval(paired.to_numpy(dtype=float), ci)
+                bmean = float(b.mean()) if len(b) else float("nan")
+                rows.append({"arm": arm, "level": int(level), "metric": label, "delta": mean,
+                             "delta_pct": 100 * mean / bmean if bmean else float("nan"), "ci_low": lo,
+                             "ci_high": hi, "n_pairs": int(paired.size),
+                             "excludes_zero": bool(np.isfinite(lo) and (lo > 0 or hi < 0))})
+    return pd.DataFrame(rows)
+
+
+def saturation_level(curve: pd.DataFrame, arm: str, gain: float = 0.05) -> int | None:
+    """The lowest level past which tok/s grows by less than `gain` (5%) per doubling of concurrency: where
+    the server stops turning more requests in flight into more throughput. None: it still grows."""
+    t = curve[(curve["arm"] == arm) & (curve["metric"] == "tok/s")].sort_values("level")
+    lv, tp = t["level"].to_numpy(), t["mean"].to_numpy(dtype=float)
+    for i in range(len(lv) - 1):
+        per_doubling = (tp[i + 1] / tp[i]) ** (1 / np.log2(lv[i + 1] / lv[i])) - 1 if tp[i] > 0 else np.nan
+        if np.isfinite(per_doubling) and per_doubling < gain:
+            return int(lv[i])
+    return None
+
+
+@dataclass
+class CurveResult:
+    windows: pd.DataFrame  # one row per (sweep, arm, level) window
+    curve: pd.DataFrame  # mean and interval per (arm, level, metric)
+    deltas: pd.DataFrame  # knob arm minus baseline per level
+    saturation: dict[str, int | None]
+    level_orders: pd.DataFrame  # the random level order each sweep used
+    failed_requests: int
+    notes: list[str]
+
+    def curve_wide(self, metric: str) -> pd.DataFrame:
+        """level x arm means of one metric (what the plots draw)."""
+        c = self.curve[self.curve["metric"] == metric]
+        return c.pivot_table(index="level", columns="arm", values="mean")
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        for arm, level in self.saturation.items():
+            lines.append(f"{arm}: tok/s saturates at concurrency {level}" if level is not None
+                         else f"{arm}: tok/s still grows at the highest level measured")
+        for _, r in self.deltas[self.deltas["metric"] == "AL"].iterrows():
+            lines.append(f"{r['arm']} vs baseline at c={r['level']}: AL {r['delta']:+.3f} "
+                         f"({r['delta_pct']:+.1f}%), {self.ci_label} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] "
+                         f"over {r['n_pairs']} paired sweeps{'' if r['excludes_zero'] else ' (includes 0)'}")
+        return lines
+
+    ci_label: str = "95% t interval"
+
+    def answer(self, params: ConcurrencyCurveParams) -> Any:
+        """The report's summary block: per knob, its AL effect at each level; per arm, where tok/s saturates."""
+        from specbook import report_view
+
+        fmt, heads = report_view.fmt, []
+        expect = {k.name: k.expect for k in params.knobs}
+        for _, r in self.deltas[self.deltas["metric"] == "AL"].sort_values(["arm", "level"]).iterrows():
+            moved = bool(r["excludes_zero"])
+            verdict = ("AL MOVED" if moved else "NOT SHOWN TO MOVE AL")
+            wanted = expect.get(r["arm"])
+            good = None if wanted in (None, "unknown") else (moved == (wanted == "different"))
+            heads.append(report_view.Headline(
+                f"{r['arm']} vs baseline at concurrency {r['level']}", verdict, good,
+                f"AL {r['delta']:+.3f} ({r['delta_pct']:+.1f}%)",
+                f"{self.ci_label} [{fmt(r['ci_low'], 3)}, {fmt(r['ci_high'], 3)}] over {r['n_pairs']} paired sweeps"))
+        for arm, level in self.saturation.items():
+            heads.append(report_view.Headline(
+                f"{arm}: throughput", f"SATURATES AT {level}" if level is not None else "STILL GROWING", None,
+                "tok/s grows < 5% per doubling of concurrency past this level" if level is not None
+                else f"tok/s still grows >= 5% per doubling at {max(params.levels)}"))
+        w = self.windows
+        return report_view.Summary(
+            question=f"How do AL and throughput change with concurrency ({', '.join(map(str, params.levels))}), "
+                     f"and does each knob ({', '.join(expect) or 'none'}) move AL at every level?",
+            headlines=heads,
+            evidence=[f"{params.sweeps} sweeps x {w['arm'].nunique()} arms, a fresh server each",
+                      f"{len(w)} level windows, {int(w['n_requests'].sum())} requests ({self.failed_requests} failed)",
+                      f"AL from {params.measurement.primary}", *self.notes])
+
+
+def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
+    ci = params.measurement.ci
+    windows = window_al(data, params)
+    curve = curve_table(windows, ci)
+    deltas = delta_table(windows, ci)
+    saturation = {arm: saturation_level(curve, arm) for arm in sorted(set(windows["arm"]))}
+    orders = (windows.sort_values(["sweep", "run_id", "level_order"]).groupby("sweep")
+              .apply(lambda g: " → ".join(str(x) for x in g.drop_duplicates("level")["level"]), include_groups=False)
+              .rename("level order").reset_index())
+    notes = []
+    never = windows[(windows["steady_intervals"] == 0)]
+    if params.measurement.primary == "steady_log_al" and len(never):
+        notes.append(f"{len(never)} window(s) had no steady log interval: their AL is missing from the curve")
+    failed = int(windows["n_errors"].sum())
+    if failed:
+        notes.append(f"{failed} request(s) failed across all windows; tok/s counts only completed requests")
+    return CurveResult(windows, curve, deltas, saturation, orders, failed, notes,
+                       ci_label=f"{ci:.0%} t interval")
+
+
+def load_params_file(path: str) -> ConcurrencyCurveParams:
+    return load_params(ConcurrencyCurveParams, path)
+
+
+register_experiment(ExperimentSpec(name="concurrency_curve", params_model=ConcurrencyCurveParams,
+                                   notebook="concurrency_curve.ipynb", collect=collect, load=load, analyze=analyze))

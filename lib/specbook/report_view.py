@@ -1,0 +1,311 @@
+"""How a report reads: the summary block it opens with, and tables formatted for reading.
+
+The numbers come from the experiments' analysis (each result's `answer(params)` builds a `Summary`);
+this module only words and lays them out: verdict rows with their headline figure and interval, the
+evidence line, the criteria as a pass/fail list, tables without index column or truncation (wide ones
+transposed), raw frames folded into <details>. Everything returns HTML text, so tests read it directly
+and the notebook only displays it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import numbers
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# A table wider than this many columns is transposed (one column per row) when it has few rows, or split.
+MAX_COLUMNS = 9
+PASS_MARK, FAIL_MARK, NA_MARK = "\u2714", "\u2718", "\u2013"  # check, cross, en dash
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One comparison's answer: its verdict, the number behind it and that number's interval."""
+
+    comparison: str  # "fp32 vs baseline"
+    verdict: str  # "NOT SHOWN EQUIVALENT"
+    good: bool | None  # True: the answer the params expected / a clean result; False: not; None: neutral
+    figure: str  # "AL 1.513 vs 1.509 (+0.26%)"
+    interval: str = ""  # "95% CI of delta [-0.011, +0.019]"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The block a report opens with."""
+
+    question: str
+    headlines: list[Headline]
+    evidence: list[str] = field(default_factory=list)  # "3 sweeps per arm", "12 of 12 runs usable", ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A number with `digits` significant digits (no exponent for everyday magnitudes); '-' for missing."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return "-"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if abs(x) < 1e-12:  # floating-point residue of a zero (a Wilson bound at 0 correct): not a figure to read
+        return "0"
+    if abs(x) >= 10 ** (digits - 1):  # 12345.6 -> "12346", not "1.235e+04"
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}" if abs(x) >= 1e-4 or x == 0 else f"{x:.2e}"
+
+
+def signed_pct(value: float, digits: int = 2) -> str:
+    """'+0.26%' / '-1.10%'; '-' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:+.{digits}f}%"
+
+
+def interval(low: float, high: float, level: float | None = None, digits: int = 4, what: str = "") -> str:
+    """'95% CI of delta [-0.011, 0.019]'; '' when both bounds are missing."""
+    if all(v is None or (isinstance(v, float) and math.isnan(v)) for v in (low, high)):
+        return ""
+    head = f"{level:.0%} CI" if level is not None else "CI"
+    return f"{head}{' of ' + what if what else ''} [{fmt(low, digits)}, {fmt(high, digits)}]"
+
+
+# --------------------------------------------------------------------------------------------------
+# Evidence from the run folder
+
+
+def run_parts(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """What the manifest says of how the run was collected: status, parts, resumed or not.
+
+    Read generically (plain JSON), so a manifest written by an older or newer specbook still reads; a folder
+    without a manifest (a notebook run by hand) gives {}.
+    """
+    import json
+
+    if not run_dir:
+        return {}
+    path = Path(run_dir) / "manifest.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    parts = doc.get("parts") or []
+    resumed = sum(1 for p in parts if isinstance(p, dict) and p.get("resumed_from"))
+    return {"status": doc.get("status"), "parts": len(parts), "resumed": resumed,
+            "renders": len(doc.get("renders") or [])}
+
+
+def collection_line(parts: Mapping[str, Any]) -> str:
+    """'collected in one go' / 'resumed 2 times (3 parts)'; '' when the manifest is missing."""
+    if not parts:
+        return ""
+    n = int(parts.get("resumed") or 0)
+    if n:
+        return f"resumed {n} time{'s' if n != 1 else ''} ({parts.get('parts')} parts)"
+    return "collected in one go (not resumed)"
+
+
+# --------------------------------------------------------------------------------------------------
+# HTML
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+_STYLE = (
+    "<style>"
+    ".sb-summary{border:1px solid #bbb;border-radius:6px;padding:10px 16px;margin:8px 0 18px;background:#fafafa}"
+    ".sb-summary h2{margin-top:4px}.sb-q{font-size:1.1em;margin:4px 0 10px}"
+    ".sb-table{border-collapse:collapse;margin:6px 0;font-size:0.92em}"
+    ".sb-table th,.sb-table td{border-bottom:1px solid #ddd;padding:3px 9px;text-align:right;vertical-align:top}"
+    ".sb-table th{background:#f0f0f0}.sb-table td.sb-text,.sb-table th.sb-text{text-align:left}"
+    ".sb-good{color:#146c2e;font-weight:bold}.sb-bad{color:#a4161a;font-weight:bold}.sb-neutral{font-weight:bold}"
+    ".sb-evidence{color:#444;margin:8px 0 2px}ul.sb-criteria{margin:2px 0 8px;padding-left:20px}"
+    "details.sb-raw{margin:6px 0}details.sb-raw summary{cursor:pointer;color:#1a5fb4}"
+    "</style>"
+)
+
+
+def _verdict_class(good: bool | None) -> str:
+    return "sb-neutral" if good is None else ("sb-good" if good else "sb-bad")
+
+
+def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None) -> str:
+    """The block a report opens with: the question, one row per comparison, the evidence in one line."""
+    rows = "".join(
+        f"<tr><td class='sb-text'>{_e(h.comparison)}</td>"
+        f"<td class='sb-text {_verdict_class(h.good)}'>{_e(h.verdict)}</td>"
+        f"<td class='sb-text'>{_e(h.figure)}</td><td class='sb-text'>{_e(h.interval)}</td></tr>"
+        for h in summary.headlines
+    )
+    evidence = [e for e in summary.evidence if e]
+    collected = collection_line(run_parts(run_dir))
+    if collected:
+        evidence.append(collected)
+    return (
+        _STYLE + "<div class='sb-summary'><h2>Summary</h2>"
+        f"<p class='sb-q'><b>Question.</b> {_e(summary.question)}</p>"
+        "<table class='sb-table'><thead><tr><th class='sb-text'>comparison</th><th class='sb-text'>verdict</th>"
+        "<th class='sb-text'>headline</th><th class='sb-text'>interval</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+        f"<p class='sb-evidence'><b>Evidence.</b> {_e('; '.join(evidence))}</p></div>"
+    )
+
+
+def criteria_html(title: str, criteria: Iterable[tuple[str, bool | None, str]]) -> str:
+    """A short list with pass/fail marks: (name, passed or None for n/a, what was measured against what)."""
+    items = "".join(
+        f"<li><span class='{_verdict_class(p)}'>{PASS_MARK if p else (NA_MARK if p is None else FAIL_MARK)}</span> "
+        f"<b>{_e(name)}</b>: {_e(body)}</li>"
+        for name, p, body in criteria
+    )
+    return f"{_STYLE}<p><b>{_e(title)}</b></p><ul class='sb-criteria'>{items}</ul>"
+
+
+def _cell(value: Any, digits: int) -> tuple[str, bool]:
+    """(text, is_text) of one table cell."""
+    if isinstance(value, (list, tuple)):
+        return "; ".join(str(v) for v in value), True
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()), True
+    if isinstance(value, str):
+        return value, True
+    return fmt(value, digits), isinstance(value, bool) or value is None
+
+
+def _header(col: Any, units: Mapping[str, str]) -> str:
+    name = " / ".join(str(c) for c in col) if isinstance(col, tuple) else str(col)
+    unit = units.get(name)
+    return f"{name} ({unit})" if unit else name
+
+
+def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digits: int = 4,
+               index: bool = False, max_columns: int = MAX_COLUMNS, title: str | None = None,
+               raw_html: tuple[str, ...] = ()) -> str:
+    """A frame as a reading table: no index column (unless `index` names the rows), every row and column,
+    units in headers, `digits` significant digits. A frame wider than `max_columns` with at most 3 rows is
+    transposed (one row per column); a wider one with more rows is split into column groups that each
+    repeat the first column. Columns named in `raw_html` hold markup made by the caller (links) and are not escaped."""
+    units = units or {}
+    if df is None or len(df.columns) == 0:
+        return "<p><i>(nothing to show)</i></p>"
+    frame = df.reset_index() if index else df
+    if len(frame.columns) > max_columns and len(frame) <= 3:
+        names = [_cell(v, digits)[0] for v in frame.iloc[:, 0]] if len(frame) else []
+        body = pd.DataFrame({"": [_header(c, units) for c in frame.columns[1:]],
+                             **{n or f"row {i}": list(frame.iloc[i, 1:]) for i, n in enumerate(names)}})
+        return table_html(body, digits=digits, max_columns=10**6, title=title)
+    if len(frame.columns) > max_columns:
+        first, rest = frame.columns[0], list(frame.columns[1:])
+        step = max_columns - 1
+        return "".join(table_html(frame[[first, *rest[i:i + step]]], units=units, digits=digits,
+                                  max_columns=10**6, title=title if i == 0 else None)
+                       for i in range(0, len(rest), step))
+    head = "".join(f"<th class='sb-text'>{_e(_header(c, units))}</th>" for c in frame.columns)
+    lines = []
+    for _, row in frame.iterrows():
+        cells = [_cell(v, digits) for v in row]
+        lines.append("<tr>" + "".join(f"<td{' class=sb-text' if is_text else ''}>{t if c in raw_html else _e(t)}</td>"
+                                      for c, (t, is_text) in zip(frame.columns, cells, strict=True)) + "</tr>")
+    caption = f"<caption style='text-align:left'><b>{_e(title)}</b></caption>" if title else ""
+    return (f"{_STYLE}<table class='sb-table'>{caption}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(lines)}</tbody></table>")
+
+
+def details_html(summary: str, inner_html: str) -> str:
+    """Fold a block (a raw table) into a collapsible <details>: there for the sceptic, out of the reader's way."""
+    return f"<details class='sb-raw'><summary>{_e(summary)}</summary>{inner_html}</details>"
+
+
+def raw_table_html(df: pd.DataFrame, what: str, **kw: Any) -> str:
+    """A raw frame, folded: '<what> (N rows x M columns)'."""
+    return details_html(f"{what} ({len(df)} rows x {len(df.columns)} columns)", table_html(df, **kw))
+
+
+# --------------------------------------------------------------------------------------------------
+# In a notebook
+
+
+def show(html_text: str) -> None:
+    """Display HTML in the notebook (print it outside a kernel)."""
+    try:
+        from IPython.display import HTML, display
+
+        display(HTML(html_text))
+    except ImportError:
+        print(html_text)
+
+
+def show_summary(summary: Summary, run_dir: str | os.PathLike[str] | None = None,
+                 save_to: str | os.PathLike[str] | None = None) -> None:
+    """Display the summary block; with `save_to`, also write it as JSON (what `specbook index` lists)."""
+    if save_to is not None:
+        save_summary(summary, save_to)
+    show(summary_html(summary, run_dir))
+
+
+def save_summary(summary: Summary, path: str | os.PathLike[str]) -> Path:
+    """The summary block as JSON (question, headlines, evidence), written atomically."""
+    import dataclasses
+    import json
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(summary), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def show_table(df: pd.DataFrame, **kw: Any) -> None:
+    show(table_html(df, **kw))
+
+
+def show_raw(df: pd.DataFrame, what: str, **kw: Any) -> None:
+    show(raw_table_html(df, what, **kw))
+
+
+def verdict_html(verdict: Any) -> str:
+    """One verdict (specbook.decision Verdict / DifferenceVerdict) as its conclusion and a pass/fail criteria list;
+    each criterion's own text without the PASS/FAIL word the mark already shows."""
+    def body(c: Any) -> str:
+        text = str(c.text)
+        prefix = f"{c.status} {c.name}: "
+        return text[len(prefix):] if text.startswith(prefix) else text
+
+    title = f"{verdict.arm} vs {verdict.baseline}: {verdict.conclusion.upper()}"
+    return criteria_html(title, [(c.name, c.passed, body(c) + ("" if c.required else " (reported, not required)"))
+                                 for c in verdict.criteria])
+
+
+def outline_html(text: str) -> str:
+    """Plain text lines as a list: unindented lines are items, indented ones (with or without '- ') their sub-items."""
+    items: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line[:1].isspace() and items:
+            items[-1][1].append(line.strip().removeprefix("- "))
+        else:
+            items.append((line.strip(), []))
+    body = "".join(f"<li>{_e(head)}" + (f"<ul>{''.join(f'<li>{_e(s)}</li>' for s in subs)}</ul>" if subs else "")
+                   + "</li>" for head, subs in items)
+    return f"<ul>{body}</ul>"

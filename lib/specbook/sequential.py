@@ -1,0 +1,431 @@
+"""Sweeps until the rule decides: a group-sequential equivalence test (TOST) and difference test.
+
+After each complete sweep from `sweeps_min` on, every variant is compared with the baseline on its
+per-run ALs (one value per fresh server, as everywhere in `specbook.stats`). A look only counts complete
+sweeps (every arm has a run), so the runs always pair by sweep, and the knob A/B's looks use the paired
+t on the per-sweep differences d_s = variant_s - baseline_s (df n - 1; the between-sweep variance, which
+question draw a sweep served, cancels); `paired=False` gives the Welch t on run means instead:
+
+- **different** when the two-sided t test of delta = 0 crosses its boundary and |delta| is beyond
+  the rule's margin (the book's "different" needs both);
+- **equivalent** when both one-sided t tests of the TOST (delta > -margin and delta < +margin)
+  cross their boundary;
+- otherwise **continue**, and at `sweeps_max` **undecided-at-max**.
+
+The margin is the rule's TOST margin, +/- `tost_margin_pct` % of the baseline mean: a margin in units of
+the baseline's sd (the rule's other criterion) moves with the sd's own estimate and is no fixed
+hypothesis, so it stays a criterion of the final verdict, not of when to stop.
+
+Error control: each test spends its alpha over the looks with a Lan-DeMets spending function
+(O'Brien-Fleming-type by default, or Pocock-type), looks at information fractions n / sweeps_max.
+Boundaries are computed for normal statistics by the Armitage-McPherson-Rowe recursion and used on the
+t scale at the same nominal level (the paired or Welch df at each look). So: P(different | no true effect) <= alpha
+(two-sided) and P(equivalent | |true delta| >= margin) <= alpha; the t conversion makes these hold
+approximately, and tests/unit/test_sequential.py measures them by simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+from scipy.optimize import brentq
+
+from specbook.errors import ExperimentError
+from specbook.stats import PAIRED_METHOD, WELCH_METHOD, paired_contrast, paired_tost_t, summarize, welch_delta
+
+if TYPE_CHECKING:
+    from specbook.decision import DecisionRule
+    from specbook.experiments.knob_ab.params import KnobABParams
+
+Spending = Literal["obrien_fleming", "pocock"]
+SPENDING_FUNCTIONS: tuple[str, ...] = ("obrien_fleming", "pocock")
+EQUIVALENT, DIFFERENT, CONTINUE, UNDECIDED = "equivalent", "different", "continue", "undecided-at-max"
+
+_GRID = 1601  # points of the recursion's grid on the score scale
+_SPAN = 8.0  # the grid reaches +/- this many sd of the score at the last look
+
+
+def spent_alpha(fraction: float, alpha: float, spending: Spending) -> float:
+    """Cumulative alpha a Lan-DeMets spending function has used at this information fraction (0..1]."""
+    t = min(max(fraction, 0.0), 1.0)
+    if t == 0:
+        return 0.0
+    if spending == "obrien_fleming":
+        return float(2 * (1 - sps.norm.cdf(sps.norm.ppf(1 - alpha / 2) / math.sqrt(t))))
+    if spending == "pocock":
+        return float(alpha * math.log(1 + (math.e - 1) * t))
+    raise ExperimentError(f"spending must be one of {', '.join(SPENDING_FUNCTIONS)}, got {spending!r}")
+
+
+@lru_cache(maxsize=256)
+def z_boundaries(fractions: tuple[float, ...], alpha: float, spending: Spending, two_sided: bool) -> tuple[float, ...]:
+    """Normal-scale boundaries c_k of a group-sequential test with looks at these information fractions.
+
+    Under H0 the z statistics are those of a Brownian motion observed at `fractions`; c_k is set so that
+    P(no crossing before look k, crossing at look k) = spent(t_k) - spent(t_{k-1}), crossing meaning
+    Z_k >= c_k (one-sided, spending alpha) or |Z_k| >= c_k (two-sided: each tail spends alpha / 2).
+    """
+    ts = np.asarray(fractions, float)
+    if ts.size == 0 or np.any(np.diff(ts) <= 0) or ts[0] <= 0 or ts[-1] > 1 + 1e-12:
+        raise ExperimentError(f"information fractions must increase within (0, 1], got {list(fractions)}")
+    grid = np.linspace(-_SPAN, _SPAN, _GRID)  # score S_t = sqrt(t) Z_t, var t <= 1
+    h = grid[1] - grid[0]
+    density: np.ndarray | None = None  # sub-density of S at the last look on the continuation region
+    prev_t, prev_spent, out = 0.0, 0.0, []
+    tail_alpha, tails = (alpha / 2, 2) if two_sided else (alpha, 1)
+    for t in ts:
+        target = tails * spent_alpha(float(t), tail_alpha, spending) - prev_spent
+        dt = t - prev_t
+        sd = math.sqrt(dt)
+
+        def crossing(c: float, density=density, sd=sd, t=t) -> float:
+            edge = c * math.sqrt(t)
+            if density is None:  # first look: S ~ N(0, t)
+                up = sps.norm.sf(edge / sd)
+                return float(2 * up if two_sided else up)
+            up = sps.norm.sf((edge - grid) / sd)
+            lo = sps.norm.cdf((-edge - grid) / sd) if two_sided else 0.0
+            return float(np.sum(density * (up + lo)) * h)
+
+        if target <= 0:
+            c = math.inf
+        else:
+            c = brentq(lambda x, goal=target: crossing(x) - goal, 0.0, 40.0, xtol=1e-10)
+        out.append(c)
+        # carry the sub-density of S_t over the continuation region to the next look
+        edge = c * math.sqrt(t)
+        keep = (np.abs(grid) < edge) if two_sided else (grid < edge)
+        if density is None:
+            new = sps.norm.pdf(grid / sd) / sd
+        else:
+            kernel = np.exp(-0.5 * ((grid[:, None] - grid[None, :]) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
+            new = kernel @ density * h
+        density = np.where(keep, new, 0.0)
+        prev_t, prev_spent = float(t), prev_spent + target
+    return tuple(out)
+
+
+def look_fractions(sweeps_min: int, sweeps_max: int) -> tuple[float, ...]:
+    """Information fractions of the planned looks: after sweep n for n = sweeps_min..sweeps_max."""
+    if not 1 <= sweeps_min <= sweeps_max:
+        raise ExperimentError(f"need 1 <= sweeps_min <= sweeps_max, got {sweeps_min}, {sweeps_max}")
+    return tuple(n / sweeps_max for n in range(sweeps_min, sweeps_max + 1))
+
+
+@dataclass(frozen=True)
+class LookBoundaries:
+    """The boundaries one look uses, on the normal scale and (at this look's Welch df) on the t scale."""
+
+    look: int  # 1-based among the planned looks
+    fraction: float
+    z_difference: float  # two-sided: |T| >= this (normal scale)
+    z_equivalence: float  # one-sided, each TOST test
+    t_difference: float
+    t_equivalence: float
+    df: float
+    alpha_spent_difference: float  # cumulative, up to and including this look
+    alpha_spent_equivalence: float
+
+
+def boundaries_at(n: int, sweeps_min: int, sweeps_max: int, alpha: float, spending: Spending,
+                  df: float) -> LookBoundaries:
+    """The boundaries of the look after sweep n (sweeps_min <= n <= sweeps_max)."""
+    fr = look_fractions(sweeps_min, sweeps_max)
+    k = n - sweeps_min
+    if not 0 <= k < len(fr):
+        raise ExperimentError(f"no planned look after sweep {n}: looks are after sweeps {sweeps_min}..{sweeps_max}")
+    zd = z_boundaries(fr, alpha, spending, True)[k]
+    ze = z_boundaries(fr, alpha, spending, False)[k]
+    # the same nominal level (tail area) on the t scale; df NaN (no spread) leaves the normal value
+    td = float(sps.t.isf(sps.norm.sf(zd), df)) if math.isfinite(df) and math.isfinite(zd) else zd
+    te = float(sps.t.isf(sps.norm.sf(ze), df)) if math.isfinite(df) and math.isfinite(ze) else ze
+    return LookBoundaries(k + 1, fr[k], zd, ze, td, te, df, 2 * spent_alpha(fr[k], alpha / 2, spending),
+                          spent_alpha(fr[k], alpha, spending))
+
+
+@dataclass(frozen=True)
+class Look:
+    """One comparison at one look: its numbers, the boundaries it met, and what they decide."""
+
+    arm: str
+    baseline: str
+    decision: str  # equivalent / different / continue / undecided-at-max
+    n_baseline: int
+    n_variant: int
+    delta: float
+    se: float
+    margin_abs: float
+    t_difference: float  # delta / se
+    t_lower: float  # TOST, delta > -margin: (delta + margin) / se (Welch) or stats.paired_tost_t's
+    t_upper: float  # TOST, delta < +margin: (margin - delta) / se (Welch) or stats.paired_tost_t's
+    boundaries: LookBoundaries | None  # None before sweeps_min
+    reason: str
+
+    def as_dict(self) -> dict[str, object]:
+        b = self.boundaries
+        return {
+            "arm": self.arm, "baseline": self.baseline, "decision": self.decision,
+            "n_baseline": self.n_baseline, "n_variant": self.n_variant, "delta": self.delta, "se": self.se,
+            "margin_abs": self.margin_abs, "t_difference": self.t_difference, "t_lower": self.t_lower,
+            "t_upper": self.t_upper, "look": b.look if b else None, "df": b.df if b else math.nan,
+            "bound_difference": b.t_difference if b else math.nan,
+            "bound_equivalence": b.t_equivalence if b else math.nan,
+            "alpha_spent_difference": b.alpha_spent_difference if b else 0.0,
+            "alpha_spent_equivalence": b.alpha_spent_equivalence if b else 0.0, "reason": self.reason,
+        }
+
+
+def t_bound(z: float, df: np.ndarray | float) -> np.ndarray | float:
+    """The t-scale boundary with the same tail area as normal boundary z (df NaN: no spread, z itself)."""
+    if not math.isfinite(z):
+        return np.full_like(np.asarray(df, float), z) if np.ndim(df) else z
+    out = sps.t.isf(sps.norm.sf(z), np.where(np.isfinite(df), df, np.inf))
+    return out if np.ndim(df) else float(out)
+
+
+def judge(delta: np.ndarray, se: np.ndarray, df: np.ndarray, margin: np.ndarray, z_difference: float,
+          z_equivalence: float, t_tost: np.ndarray | None = None) -> np.ndarray:
+    """The verdict codes at one look, elementwise: 1 equivalent, 2 different, 0 no verdict yet.
+
+    Equivalent: both TOST t >= the equivalence bound (checked first: a real but small effect inside the
+    margin is equivalent); t_tost, the smaller of the two, defaults to (margin - |delta|) / se (Welch; the
+    paired design passes stats.paired_tost_t's). Different: |delta / se| >= the difference bound and
+    |delta| > margin. With se = 0 (both arms repeat exactly) the margin alone decides.
+    """
+    delta, se, margin = (np.asarray(x, float) for x in (delta, se, margin))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t0 = np.abs(delta) / se
+        if t_tost is None:
+            t_tost = (margin - np.abs(delta)) / se
+    equivalent = t_tost >= t_bound(z_equivalence, df)
+    different = (t0 >= t_bound(z_difference, df)) & (np.abs(delta) > margin)
+    exact = se == 0
+    equivalent = np.where(exact, np.abs(delta) <= margin, equivalent)
+    different = np.where(exact, np.abs(delta) > margin, different & ~equivalent)
+    return np.where(equivalent, 1, np.where(different, 2, 0))
+
+
+def decide(baseline: Sequence[float], variant: Sequence[float], *, margin_pct: float, alpha: float,
+           sweeps_min: int, sweeps_max: int, spending: Spending = "obrien_fleming",
+           arm: str = "variant", baseline_name: str = "baseline", paired: bool = False) -> Look:
+    """The group-sequential verdict of one variant against the baseline at the look their sweeps make.
+
+    The look is after n = min(len(baseline), len(variant)) sweeps; before sweeps_min it is `continue`.
+    paired: baseline[i] and variant[i] ran in the same sweep i; the tests are on the differences (paired t,
+    df n - 1; Welch where the paired t does not exist, see stats.paired_contrast).
+    """
+    b, v = np.asarray(baseline, float), np.asarray(variant, float)
+    n = int(min(b.size, v.size))
+    if n > sweeps_max:
+        raise ExperimentError(f"{arm} vs {baseline_name}: {n} sweeps, more than sweeps_max={sweeps_max}")
+    if n < max(sweeps_min, 2):
+        return Look(arm, baseline_name, UNDECIDED if n >= sweeps_max else CONTINUE, int(b.size), int(v.size),
+                    math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, None,
+                    f"{n} sweep(s): the first look is after {max(sweeps_min, 2)}")
+    b, v = b[:n], v[:n]
+    margin = abs(summarize(b).mean) * margin_pct / 100.0
+    w = paired_contrast(np.column_stack([b, v]), [-1.0, 1.0], 1 - alpha) if paired else welch_delta(b, v, 1 - alpha)
+    bounds = boundaries_at(n, sweeps_min, sweeps_max, alpha, spending, w.df)
+    if w.paired:
+        t_lo, t_hi = (float(t) for t in paired_tost_t(b, v, margin_pct / 100.0)[:2])
+    elif w.se:
+        t_lo, t_hi = (w.estimate + margin) / w.se, (margin - w.estimate) / w.se
+    else:
+        t_lo = t_hi = math.nan
+    code = int(judge(w.estimate, w.se, w.df, margin, bounds.z_difference, bounds.z_equivalence,
+                     min(t_lo, t_hi) if w.paired else None))
+    if w.se == 0:
+        return Look(arm, baseline_name, (EQUIVALENT, DIFFERENT)[code - 1], n, n, w.estimate, 0.0, margin,
+                    math.nan, math.nan, math.nan, bounds, "both arms repeat exactly (sd = 0): the margin alone decides")
+    t0 = w.estimate / w.se
+    if code == 1:
+        verdict, reason = EQUIVALENT, (f"both TOST t ({t_lo:.3g}, {t_hi:.3g}) >= {bounds.t_equivalence:.3g} "
+                                       f"for +/-{margin_pct:g}% (+/-{margin:.4g})")
+    elif code == 2:
+        verdict, reason = DIFFERENT, (f"|t| = {abs(t0):.3g} >= {bounds.t_difference:.3g} and |delta| = "
+                                      f"{abs(w.estimate):.4g} > margin {margin:.4g}")
+    else:
+        verdict = UNDECIDED if n == sweeps_max else CONTINUE
+        reason = (f"|t| = {abs(t0):.3g} vs {bounds.t_difference:.3g} (difference), TOST min t = "
+                  f"{min(t_lo, t_hi):.3g} vs {bounds.t_equivalence:.3g} (equivalence)")
+    return Look(arm, baseline_name, verdict, n, n, w.estimate, w.se, margin, t0, t_lo, t_hi, bounds, reason)
+
+
+@dataclass(frozen=True)
+class OperatingCharacteristics:
+    """Simulated verdict probabilities and sweeps of one design on one scenario."""
+
+    p_equivalent: float
+    p_different: float
+    p_undecided: float
+    expected_sweeps: float  # per arm, to a verdict or sweeps_max
+    sweeps_quantiles: tuple[float, float, float]  # 10%, 50%, 90%
+    replications: int
+
+
+def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarray, *, margin_pct: float,
+                              alpha: float, sweeps_min: int, sweeps_max: int,
+                              spending: Spending = "obrien_fleming", paired: bool = False) -> OperatingCharacteristics:
+    """Run the sequential design on replications of per-run ALs: arrays (replications, >= sweeps_max).
+
+    Row r column j is the AL of arm's run in sweep j of replication r. The same `judge` as `decide`,
+    vectorised over replications; paired: the paired t on the per-sweep differences (as `decide(...,
+    paired=True)`; its Welch fallback for exactly equal differences has probability 0 with continuous
+    noise and is not simulated).
+    """
+    from specbook.stats import paired_t_interval, welch_t_interval
+
+    b, v = np.asarray(baseline_runs, float), np.asarray(variant_runs, float)
+    if b.shape != v.shape or b.ndim != 2 or b.shape[1] < sweeps_max:
+        raise ExperimentError(f"need two (replications, >= {sweeps_max}) arrays, got {b.shape} and {v.shape}")
+    reps = b.shape[0]
+    fr = look_fractions(sweeps_min, sweeps_max)
+    zd = z_boundaries(fr, alpha, spending, True)
+    ze = z_boundaries(fr, alpha, spending, False)
+    verdict = np.zeros(reps, int)
+    stopped_at = np.full(reps, sweeps_max)
+    for k, n in enumerate(range(sweeps_min, sweeps_max + 1)):
+        if n < 2:
+            continue
+        live = verdict == 0
+        bb, vv = b[live, :n], v[live, :n]
+        t_tost = None
+        if paired:
+            est, se, df, _, _ = paired_t_interval(vv - bb, 1 - alpha)
+            t_tost = np.minimum(*paired_tost_t(bb, vv, margin_pct / 100.0)[:2])
+        else:
+            means = np.stack([bb.mean(1), vv.mean(1)], -1)
+            var = np.stack([bb.var(1, ddof=1), vv.var(1, ddof=1)], -1)
+            est, se, df, _, _ = welch_t_interval(means, var, np.array([n, n]), [-1.0, 1.0], 1 - alpha)
+        code = judge(est, se, df, np.abs(bb.mean(1)) * margin_pct / 100.0, zd[k], ze[k], t_tost)
+        idx = np.flatnonzero(live)
+        verdict[idx] = code
+        stopped_at[idx[code > 0]] = n
+    q = np.quantile(stopped_at, [0.1, 0.5, 0.9])
+    return OperatingCharacteristics(float(np.mean(verdict == 1)), float(np.mean(verdict == 2)),
+                                    float(np.mean(verdict == 0)), float(stopped_at.mean()),
+                                    (float(q[0]), float(q[1]), float(q[2])), reps)
+
+
+@dataclass(frozen=True)
+class SequentialState:
+    """Where an adaptive knob A/B stands after its latest complete sweep."""
+
+    decision: str  # equivalent / different (every comparison decided, all alike), decided, continue, undecided-at-max
+    sweeps: int  # complete sweeps (every arm has a valued run)
+    sweeps_min: int
+    sweeps_max: int
+    alpha: float
+    spending: str
+    margin_pct: float
+    value_col: str
+    looks: list[Look] = field(default_factory=list)
+    method: str = PAIRED_METHOD
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def stop(self) -> bool:
+        return self.decision != CONTINUE
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([lk.as_dict() for lk in self.looks])
+
+    def describe(self) -> str:
+        head = (f"after {self.sweeps} complete sweep(s) of {self.sweeps_min}..{self.sweeps_max}: {self.decision}; "
+                f"group-sequential TOST (+/-{self.margin_pct:g}% of the baseline mean) and difference test, "
+                f"alpha {self.alpha:g} each, {self.spending.replace('_', '-')} alpha spending, {self.method}")
+        return "\n".join([head, *(f"  {lk.arm} vs {lk.baseline}: {lk.decision} ({lk.reason})" for lk in self.looks),
+                          *(f"  note: {n}" for n in self.notes)])
+
+
+def overall(decisions: Sequence[str], at_max: bool) -> str:
+    """All comparisons decided: the common verdict (or 'decided' when they differ); else continue / undecided."""
+    if not decisions:
+        return UNDECIDED if at_max else CONTINUE
+    if all(d in (EQUIVALENT, DIFFERENT) for d in decisions):
+        return decisions[0] if len(set(decisions)) == 1 else "decided"
+    return UNDECIDED if at_max else CONTINUE
+
+
+def decide_frame(per_run: pd.DataFrame, rule: DecisionRule, sweeps_min: int, sweeps_max: int, *,
+                 baseline: str = "baseline", arm_col: str = "arm", sweep_col: str = "sweep",
+                 value_col: str = "al", paired: bool = True) -> SequentialState:
+    """Every variant vs the baseline on the complete sweeps of `per_run` (one row per run: arm, sweep, value).
+
+    Complete sweeps pair every arm by sweep, so the tests are paired (paired=False: Welch on run means)."""
+    for col in (arm_col, sweep_col, value_col):
+        if col not in per_run:
+            raise ExperimentError(f"runs frame lacks column {col!r}; it has {list(per_run.columns)}")
+    valued = per_run[per_run[value_col].notna()]
+    arms = list(dict.fromkeys(per_run[arm_col]))
+    if baseline not in arms:
+        raise ExperimentError(f"baseline arm {baseline!r} not in column {arm_col!r}; arms: {arms}")
+    have = valued.groupby(sweep_col)[arm_col].agg(set)
+    complete = sorted(s for s, got in have.items() if set(arms) <= got)
+    notes = []
+    if len(complete) < len(have):
+        notes.append(f"sweeps {sorted(set(have.index) - set(complete))} lack a valued run of some arm: not counted")
+    part = valued[valued[sweep_col].isin(complete)]
+    # one value per (arm, sweep): a sweep with a repeated arm (a retried run) keeps its last
+    part = part.drop_duplicates([arm_col, sweep_col], keep="last")
+    base = part.loc[part[arm_col] == baseline].sort_values(sweep_col)[value_col].to_numpy()
+    looks = [decide(base, part.loc[part[arm_col] == a].sort_values(sweep_col)[value_col].to_numpy(),
+                    margin_pct=rule.tost_margin_pct, alpha=rule.alpha, sweeps_min=sweeps_min,
+                    sweeps_max=sweeps_max, spending=rule.spending, arm=str(a), baseline_name=baseline,
+                    paired=paired)
+             for a in arms if a != baseline]
+    n = len(complete)
+    decision = CONTINUE if n < sweeps_min else overall([lk.decision for lk in looks], n >= sweeps_max)
+    return SequentialState(decision, n, sweeps_min, sweeps_max, rule.alpha, rule.spending, rule.tost_margin_pct,
+                           value_col, looks, notes, PAIRED_METHOD if paired else WELCH_METHOD)
+
+
+def _run_values(runs: pd.DataFrame, params: KnobABParams, intervals: pd.DataFrame | None) -> tuple[pd.Series, str]:
+    """Each run's AL by measurement.primary: steady-state log AL from `intervals`, else whole-run counters."""
+    from specbook import steady
+    from specbook.acceptance import Acceptance
+
+    primary = params.measurement.primary
+    if primary in runs:
+        return runs[primary], primary
+    if primary == "steady_log_al" and intervals is not None and len(intervals):
+        st = steady.steady_state_filter(intervals, params.workload.concurrency,
+                                        params.steady_state.min_running_fraction)
+        return runs["run_id"].map(st.counts.set_index("run_id")["al_kept"]), primary
+    if "counter_drafts" in runs:
+        al = [Acceptance.from_row(r, "counter_").al if r.get("counter_drafts") else math.nan
+              for _, r in runs.iterrows()]
+        return pd.Series(al, index=runs.index), "counter_al"
+    raise ExperimentError(f"runs frame has neither {primary!r}, log intervals, nor counter columns to take an AL from")
+
+
+def should_continue(runs_frame: pd.DataFrame, params: KnobABParams, *,
+                    intervals: pd.DataFrame | None = None) -> SequentialState:
+    """After a complete sweep of a launched knob A/B: stop (a verdict, or sweeps_max) or add a sweep?
+
+    runs_frame: the collection's runs frame (run_id, sweep, declared_arm or arm, status and the counter
+    columns); intervals: its log intervals, for measurement.primary = steady_log_al (without them the
+    whole-run counter AL stands in, and the state's value_col says so). Only runs with status ok count.
+    """
+    lo, hi = params.sweep_bounds()
+    runs = runs_frame[runs_frame["status"] == "ok"] if "status" in runs_frame else runs_frame
+    arm_col = "arm" if "arm" in runs else "declared_arm"
+    values, value_col = _run_values(runs, params, intervals)
+    per_run = pd.DataFrame({"arm": runs[arm_col].to_numpy(), "sweep": runs["sweep"].to_numpy(),
+                            "al": values.to_numpy(dtype=float)})
+    # every planned arm must appear, even before its first run, or a sweep would look complete too early
+    planned = [a.name for a in params.arms()]
+    missing = [a for a in planned if a not in set(per_run["arm"])]
+    if missing:
+        per_run = pd.concat([per_run, pd.DataFrame({"arm": missing, "sweep": -1, "al": math.nan})],
+                            ignore_index=True)
+    state = decide_frame(per_run, params.decision, lo, hi, value_col="al")
+    return SequentialState(state.decision, state.sweeps, lo, hi, state.alpha, state.spending, state.margin_pct,
+                           value_col, state.looks, state.notes, state.method)

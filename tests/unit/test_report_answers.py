@@ -1,0 +1,86 @@
+"""Each experiment's summary block (`result.answer(params)`) on the golden run folders: what the report leads with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import specbook.experiments  # noqa: F401  (experiments register at import)
+from specbook import report_view as rv
+from specbook.experiments.registry import get_experiment
+from specbook.params import load_params
+from specbook.runstore import RunContext
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def answer_of(folder: str, experiment: str):
+    spec = get_experiment(experiment)
+    params = load_params(spec.params_model, GOLDEN / folder / "params.yaml")
+    result = spec.analyze(spec.load(RunContext.from_run_dir(GOLDEN / folder)), params)
+    return result, params, result.answer(params)
+
+
+def test_knob_ab_leads_with_each_comparison_its_delta_and_interval():
+    result, params, summary = answer_of("knob_ab", "knob_ab")
+    d = result.decision
+    assert summary.question.startswith("Does each knob (fp32, int4draft) move draft acceptance (steady_log_al)")
+    assert params.description in summary.question
+    assert [h.comparison for h in summary.headlines] == [f"{v.arm} vs {v.baseline}" for v in d.verdicts]
+    assert [h.verdict for h in summary.headlines] == [v.conclusion.upper() for v in d.verdicts]
+    row = d.comparisons.set_index(["arm", "baseline"]).loc[("int4draft", "baseline")]
+    h = next(h for h in summary.headlines if h.comparison == "int4draft vs baseline")
+    assert h.figure == (f"steady_log_al {rv.fmt(row['variant_mean'])} vs {rv.fmt(row['baseline_mean'])} "
+                        f"({row['delta_pct']:+.2f}%)")
+    # every sweep has every arm: the paired t over the per-sweep differences, named with its df
+    assert h.interval == (f"95% CI of delta [{row['ci_low_pct']:+.2f}%, {row['ci_high_pct']:+.2f}%], "
+                          "paired t over 2 sweeps (df 1)")
+    # green/red: whether the conclusion is the one the params expected before the run
+    expected = dict(zip(d.knob_verdicts["comparison"], d.knob_verdicts["as expected"], strict=True))
+    assert [h.good for h in summary.headlines] == [expected[h.comparison] for h in summary.headlines]
+    assert summary.evidence[:3] == ["2 sweeps per arm", "8 of 8 runs usable", "0 run(s) flagged by attribution"]
+
+
+def test_knob_ab_ingest_counts_its_runs():
+    _, _, summary = answer_of("knob_ab_ingest", "knob_ab")
+    assert [h.comparison for h in summary.headlines] == ["int4draft vs baseline"]
+    assert summary.evidence[:2] == ["2 sweeps per arm", "4 of 4 runs usable"]
+
+
+def test_config_flip_leads_with_the_collapse_and_output_equality():
+    _, _, summary = answer_of("config_flip", "config_flip")
+    assert summary.question == ("Does flipping config.json:rope_parameters.rope_theta of smollm2-135m-instruct-fp8 "
+                                "(100000.0 vs 100.0) change draft acceptance?")
+    collapse, outputs = summary.headlines
+    assert (collapse.comparison, collapse.verdict) == ("arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED")
+    # AL from the counters: 1 + 146/46 and 1 + 64/119; accepted per step = AL - 1
+    assert collapse.figure == ("AL 1.538 vs 4.174; accepted per step 0.538 vs 3.17 (17% of best; "
+                               "collapse at <= 25%)")
+    assert (outputs.verdict, outputs.good, outputs.figure) == ("EQUAL", True,
+                                                               "3 of 3 prompts equal under greedy decoding")
+    assert summary.evidence[:3] == ["2 arms, one server each", "6 requests (0 failed)", "165 drafts counted"]
+
+
+def test_cross_engine_leads_with_each_lanes_ratio_and_the_cells_behind_it():
+    result, params, summary = answer_of("cross_engine", "cross_engine")
+    assert summary.question.startswith("How fast is llamacpp against the pinned vllm oracle")
+    assert [h.comparison for h in summary.headlines] == ["lane off", "lane ngram", "lane draft-int4"]
+    head = result.headline.set_index("lane")
+    off = summary.headlines[0]
+    assert off.verdict == f"llamacpp/vllm tok/s {rv.fmt(head.loc['off', 'ratio'], 3)}x"
+    assert off.figure == "rests on 2 of 3 cells; left out: yes-loop"
+    assert off.interval == rv.interval(head.loc["off", "ratio_lo"], head.loc["off", "ratio_hi"], 0.95, 3)
+    ngram = summary.headlines[1]
+    assert ngram.good is False and ngram.figure == "rests on 1 of 3 cells; left out: yes-loop, bicycle"
+    assert ngram.interval.endswith("(one cell: that cell's own CI)")
+    assert summary.evidence[0] == "9 cells (3 lanes x prompts), 5 comparable, 4 flagged"
+
+
+@pytest.mark.parametrize("folder,experiment", [("knob_ab", "knob_ab"), ("config_flip", "config_flip"),
+                                               ("cross_engine", "cross_engine")])
+def test_the_summary_block_renders_every_headline(folder, experiment):
+    _, _, summary = answer_of(folder, experiment)
+    out = rv.summary_html(summary, GOLDEN / folder)
+    assert all(h.verdict in out and h.comparison in out for h in summary.headlines)
+    assert "collected in one go (not resumed)" in out

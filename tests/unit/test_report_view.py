@@ -1,0 +1,140 @@
+"""specbook.report_view: the summary block and the reading tables every report shows."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specbook import report_view as rv
+from specbook.decision import DecisionRule, evaluate_difference
+
+
+def test_fmt_gives_significant_digits_without_exponents_for_everyday_numbers():
+    assert rv.fmt(4.62912) == "4.629"
+    assert rv.fmt(12345.6) == "12346"
+    assert rv.fmt(0.000012) == "1.20e-05"
+    assert rv.fmt(np.int64(7)) == "7"
+    assert rv.fmt(np.bool_(True)) == "yes" and rv.fmt(False) == "no"
+    assert rv.fmt(float("nan")) == rv.fmt(None) == rv.fmt(pd.NA) == "-"
+    assert rv.fmt(0.1234567, 2) == "0.12"
+    assert rv.fmt(2.78e-17) == "0"
+    assert rv.fmt("text") == "text"
+
+
+def test_signed_pct_and_interval():
+    assert rv.signed_pct(0.2561) == "+0.26%" and rv.signed_pct(-1.1) == "-1.10%"
+    assert rv.signed_pct(float("nan")) == "-"
+    assert rv.interval(-0.0112, 0.0193, 0.95, what="delta") == "95% CI of delta [-0.0112, 0.0193]"
+    assert rv.interval(float("nan"), float("nan"), 0.95) == ""
+
+
+def test_table_has_no_index_column_units_in_headers_and_every_row():
+    df = pd.DataFrame({"arm": [f"a{i}" for i in range(70)], "tok_s": np.linspace(1, 2, 70)}, index=range(100, 170))
+    out = rv.table_html(df, units={"tok_s": "tok/s"})
+    assert "<th class='sb-text'>tok_s (tok/s)</th>" in out
+    assert out.count("<tr>") == 71  # header + 70 rows: nothing cut, no "..."
+    assert ">100<" not in out and "…" not in out and "..." not in out  # the index is not shown
+    assert ">a69<" in out and ">2<" in out
+
+
+def test_a_wide_table_with_few_rows_is_transposed():
+    df = pd.DataFrame([{"arm": "base", **{f"c{i}": i + 0.5 for i in range(20)}},
+                       {"arm": "knob", **{f"c{i}": i + 1.5 for i in range(20)}}])
+    out = rv.table_html(df, units={"c3": "ms"})
+    head = re.search(r"<thead>(.*?)</thead>", out).group(1)
+    assert re.findall(r">([^<]*)</th>", head) == ["", "base", "knob"]
+    assert ">c3 (ms)<" in out and out.count("<tr>") == 21
+
+
+def test_a_wide_table_with_many_rows_is_split_repeating_its_first_column():
+    df = pd.DataFrame({"arm": list("abcdef"), **{f"c{i}": range(6) for i in range(12)}})
+    out = rv.table_html(df, max_columns=5)
+    assert out.count("<table") == 3  # 12 value columns in groups of 4
+    assert out.count(">arm<") == 3
+    assert all(f">c{i}<" in out for i in range(12))
+
+
+def test_index_kept_when_it_names_the_rows():
+    table = pd.DataFrame({"base": [0.8, 0.7]}, index=pd.Index([1, 2], name="position"))
+    out = rv.table_html(table, index=True)
+    assert ">position<" in out and ">0.8<" in out
+
+
+def test_text_is_escaped_and_raw_html_columns_are_not():
+    df = pd.DataFrame({"what": ["<b>x</b>"], "link": ["<a href='r.html'>report</a>"]})
+    out = rv.table_html(df, raw_html=("link",))
+    assert "&lt;b&gt;x&lt;/b&gt;" in out and "<a href='r.html'>report</a>" in out
+
+
+def test_raw_tables_fold_into_details():
+    df = pd.DataFrame({"a": [1, 2], "b": [3, 4]})
+    out = rv.raw_table_html(df, "per-run values")
+    assert out.startswith("<details class='sb-raw'><summary>per-run values (2 rows x 2 columns)</summary>")
+    assert out.endswith("</details>")
+
+
+def _summary() -> rv.Summary:
+    return rv.Summary("Does the knob move AL?",
+                      [rv.Headline("fp32 vs baseline", "EQUIVALENT", True, "AL 4.6 vs 4.6 (+0.26%)",
+                                   "95% CI of delta [-0.50%, +1.00%]"),
+                       rv.Headline("int4 vs baseline", "NOT SHOWN DIFFERENT", False, "AL 3.5 vs 4.6 (-24%)")],
+                      ["3 sweeps per arm", "", "12 of 12 runs usable"])
+
+
+def test_summary_block_leads_with_question_verdicts_figures_and_evidence(tmp_path):
+    out = rv.summary_html(_summary())
+    assert out.index("Does the knob move AL?") < out.index("fp32 vs baseline") < out.index("Evidence.")
+    assert "<td class='sb-text sb-good'>EQUIVALENT</td>" in out
+    assert "<td class='sb-text sb-bad'>NOT SHOWN DIFFERENT</td>" in out
+    assert "95% CI of delta [-0.50%, +1.00%]" in out
+    assert "3 sweeps per arm; 12 of 12 runs usable</p>" in out  # empty evidence items dropped, no manifest: no line
+
+
+def test_summary_says_whether_the_run_was_resumed_from_the_manifest_parts(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "ok", "parts": [{"started_at": "t"}]}))
+    assert "collected in one go (not resumed)" in rv.summary_html(_summary(), tmp_path)
+    parts = [{"started_at": "t"}, {"resumed_from": "interrupted"}, {"resumed_from": "failed"}]
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "ok", "parts": parts}))
+    assert rv.run_parts(tmp_path) == {"status": "ok", "parts": 3, "resumed": 2, "renders": 0}
+    assert "resumed 2 times (3 parts)" in rv.summary_html(_summary(), tmp_path)
+    assert rv.run_parts(tmp_path / "nowhere") == {} and rv.collection_line({}) == ""
+
+
+def test_save_summary_writes_what_the_index_reads(tmp_path):
+    path = rv.save_summary(_summary(), tmp_path / "summary.json")
+    doc = json.loads(path.read_text())
+    assert doc["question"] == "Does the knob move AL?"
+    assert [h["verdict"] for h in doc["headlines"]] == ["EQUIVALENT", "NOT SHOWN DIFFERENT"]
+
+
+def test_criteria_list_marks_pass_fail_and_not_applicable():
+    out = rv.criteria_html("x vs y", [("sweeps", True, "3 >= 2"), ("tost", False, "p = 0.2"), ("sd", None, "sd = 0")])
+    assert out.count("<li>") == 3
+    assert f"{rv.PASS_MARK}</span> <b>sweeps</b>: 3 &gt;= 2" in out
+    assert f"{rv.FAIL_MARK}</span> <b>tost</b>" in out and f"{rv.NA_MARK}</span> <b>sd</b>" in out
+
+
+def test_verdict_html_does_not_repeat_the_verdict_or_the_pass_word():
+    row = {"arm": "int4", "baseline": "baseline", "ci_low": -1.4, "ci_high": -1.0, "delta_pct": -25.0, "ci": 0.95,
+           "ci_df": 2.0, "ci_method": "Welch", "margin_pct": 1.0, "n_baseline": 3, "n_variant": 3,
+           "deterministic": False}
+    v = evaluate_difference(DecisionRule(), row)
+    out = rv.verdict_html(v)
+    assert out.count("int4 vs baseline") == 1 and "DIFFERENT" in out
+    assert "PASS" not in out and "FAIL" not in out
+    assert "<b>ci_excludes_zero</b>: 95% Welch t CI of delta [-1.4, -1] (df 2) excludes 0" in out
+
+
+def test_outline_nests_indented_lines():
+    out = rv.outline_html("off / loop: NOT COMPARABLE\n    - degenerate\n    - too short\nngram / x: NOT COMPARABLE\n")
+    assert out == ("<ul><li>off / loop: NOT COMPARABLE<ul><li>degenerate</li><li>too short</li></ul></li>"
+                   "<li>ngram / x: NOT COMPARABLE</li></ul>")
+
+
+@pytest.mark.parametrize("bad", [pd.DataFrame(), None])
+def test_an_empty_table_says_so(bad):
+    assert "nothing to show" in rv.table_html(bad)

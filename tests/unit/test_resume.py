@@ -1,0 +1,358 @@
+"""Resume (specbook.resume, runner.resume_experiment) and the run guard (specbook.runguard).
+
+The runner tests execute a real fixture notebook (tests/fixtures/notebooks/units.ipynb) on the real kernel: it
+does units of work the way a collect does (skip the done ones, append the done row last) and fails at the unit
+FIXTURE_FAIL_AT names. No engine is involved; the guard tests use plain child processes standing for servers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from specbook import resume, runner
+from specbook.errors import NotebookExecutionError, ParamsError, RunError
+from specbook.experiments.registry import ExperimentSpec, register_experiment
+from specbook.fingerprint import GitInfo
+from specbook.manifest import Manifest, RunPart, read_manifest, run_status, write_manifest
+from specbook.runner import resume_experiment, run_experiment
+from specbook.runstore import RunContext
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+NOTEBOOKS = FIXTURES / "notebooks"
+SMALL = FIXTURES / "params" / "fixture_good" / "small.yaml"
+sys.path.insert(0, str(NOTEBOOKS))
+fixture_experiments = importlib.import_module("fixture_experiments")
+
+UNITS = resume.Units(done_frame="units", key=("unit",), frames=("units", "items"), server="unit")
+register_experiment(ExperimentSpec("fixture_units", fixture_experiments.FixtureParams, str(NOTEBOOKS / "units.ipynb")))
+resume.register_units("fixture_units", UNITS)
+
+
+# --------------------------------------------------------------------------------------------------
+# resume.py alone
+
+
+def _folder(tmp_path: Path) -> RunContext:
+    ctx = RunContext(tmp_path / "run")
+    ctx.save_frame("units", pd.DataFrame({"unit": ["u0", "u1", "u2"], "status": ["ok", "ok", "failed"]}))
+    ctx.save_frame("items", pd.DataFrame({"unit": ["u0", "u1", "u2", "u3"], "value": [0, 1, 2, 3]}))
+    for unit in ("u0", "u1", "u2", "u3"):
+        ctx.log_path(unit).write_text(f"Env: UNIT={unit}\nserver output\n")  # a server log starts so
+    ctx.log_path("u3.1").write_text("Env: UNIT=u3\nan earlier launch of u3\n")
+    ctx.log_path("progress").write_text("not a server's log: the runner's own\n")
+    records = [json.dumps({"name": u, "argv": ["x"]}) for u in ("u0", "u1", "u2")]
+    (ctx.run_dir / "servers.jsonl").write_text("\n".join(records) + '\n{"name": "u3", "ar')  # torn last line
+    (ctx.data_dir / "items.parquet.tmp").write_text("half a frame")
+    return ctx
+
+
+STATUS_UNITS = resume.Units(done_frame="units", key=("unit",), frames=("units", "items"), server="unit",
+                            done_when={"status": "ok"})
+
+
+def test_done_units_are_the_done_frame_rows_meeting_the_condition(tmp_path):
+    ctx = _folder(tmp_path)
+    assert resume.done_units(ctx, STATUS_UNITS) == {("u0",), ("u1",)}
+    assert resume.done_units(ctx, UNITS) == {("u0",), ("u1",), ("u2",)}  # no condition: every row
+    assert resume.done_units(RunContext(tmp_path / "fresh"), STATUS_UNITS) == set()
+
+
+def test_set_aside_moves_what_unfinished_units_left_and_keeps_the_rest(tmp_path):
+    ctx = _folder(tmp_path)
+    moved = resume.set_aside_unfinished(ctx, STATUS_UNITS)
+    aside = ctx.run_dir / "unfinished" / "1"
+    assert moved["folder"] == "unfinished/1" and moved["rows"] == {"units": 1, "items": 2}
+    assert list(ctx.load_frame("units")["unit"]) == ["u0", "u1"]
+    assert list(ctx.load_frame("items")["unit"]) == ["u0", "u1"]
+    assert list(pd.read_parquet(aside / "data" / "items.parquet")["unit"]) == ["u2", "u3"]
+    assert list(pd.read_parquet(aside / "data" / "units.parquet")["status"]) == ["failed"]
+    assert sorted(p.name for p in ctx.logs_dir.iterdir()) == ["progress.log", "u0.log", "u1.log"]
+    assert sorted(moved["logs"]) == ["u2.log", "u3.1.log", "u3.log"] and (aside / "logs" / "u3.1.log").is_file()
+    kept = [json.loads(ln)["name"] for ln in (ctx.run_dir / "servers.jsonl").read_text().splitlines()]
+    assert kept == ["u0", "u1"]
+    assert moved["servers"][0] == "u2" and "unreadable line" in moved["servers"][1]
+    assert moved["temp_files"] == ["items.parquet.tmp"] and not list(ctx.data_dir.glob("*.tmp"))
+    assert json.loads((aside / "set_aside.json").read_text())["rows"] == {"units": 1, "items": 2}
+    # nothing left to move: nothing moved, no empty folder; a later set-aside gets the next number
+    assert resume.set_aside_unfinished(ctx, STATUS_UNITS) == {} and not (ctx.run_dir / "unfinished" / "2").exists()
+    ctx.append_frame("items", pd.DataFrame({"unit": ["u9"], "value": [9]}))
+    assert resume.set_aside_unfinished(ctx, STATUS_UNITS)["folder"] == "unfinished/2"
+
+
+def test_set_aside_names_a_frame_without_the_unit_columns(tmp_path):
+    ctx = RunContext(tmp_path / "run")
+    ctx.save_frame("units", pd.DataFrame({"unit": ["u0"]}))
+    ctx.save_frame("items", pd.DataFrame({"value": [1]}))
+    with pytest.raises(RunError, match=r"items\.parquet: has no unit column"):
+        resume.set_aside_unfinished(ctx, UNITS)
+
+
+def test_redacted_fields_are_named_in_the_override_syntax():
+    params = {"engine": {"extra_args": ["--api-key", "***"], "env": {"HF_TOKEN": "***", "X": "1"}},
+              "url": "http://u:***@host/x", "note": "a *** b"}
+    assert resume.redacted_fields(params) == ["engine.extra_args.1", "engine.env.HF_TOKEN", "url"]
+    with pytest.raises(ParamsError) as exc:
+        resume.check_redacted(params, Path("/r"))
+    assert "-p engine.env.HF_TOKEN=VALUE" in str(exc.value) and "/r/params.yaml" in str(exc.value)
+    resume.check_redacted({"a": "1"}, Path("/r"))
+
+
+def _manifest(**update) -> Manifest:
+    m = Manifest(run_id="r1", experiment="knob_ab", started_at="2026-01-01T00:00:00+00:00", params_file="p.yaml",
+                 params_name="p", params={}, params_hash="a" * 64, notebook="n.ipynb", kernel="specbook",
+                 git=GitInfo(sha="b" * 40), specbook_version="0", python={}, libraries={})
+    return m.model_copy(update=update)
+
+
+def test_check_resumable_refuses_and_records_what_was_overridden():
+    m = _manifest()
+    ok = dict(experiment=None, params_hash="a" * 64, git_sha="b" * 40)
+    with pytest.raises(RunError, match="nothing to resume"):
+        resume.check_resumable(m, "ok", **ok)
+    with pytest.raises(RunError, match="still marked running"):
+        resume.check_resumable(m, "running", **ok)
+    with pytest.raises(RunError, match="is a run of 'knob_ab', not 'config_flip'"):
+        resume.check_resumable(m, "failed", **{**ok, "experiment": "config_flip"})
+    with pytest.raises(ParamsError, match="--allow-params-change"):
+        resume.check_resumable(m, "abandoned", **{**ok, "params_hash": "c" * 64})
+    with pytest.raises(RunError, match="--allow-git-change"):
+        resume.check_resumable(m, "interrupted", **{**ok, "git_sha": "d" * 40})
+    assert resume.check_resumable(m, "abandoned", **ok) == []
+    forced = resume.check_resumable(m, "failed", experiment="knob_ab", params_hash="c" * 64, git_sha="d" * 40,
+                                    allow_params_change=True, allow_git_change=True)
+    assert forced == ["params changed: hash aaaaaaaaaaaa -> cccccccccccc", "git changed: bbbbbbbbbbbb -> dddddddddddd"]
+
+
+def test_resumed_note_only_for_a_run_in_parts():
+    part = RunPart(started_at="t0", host="h", pid=1, git_sha="b" * 40, status="abandoned")
+    assert resume.resumed_note(_manifest(parts=[part])) is None
+    second = RunPart(started_at="t1", host="h", pid=2, git_sha="b" * 40, status="ok", kept_units=2,
+                     set_aside="unfinished/1")
+    note = resume.resumed_note(_manifest(parts=[part, second]))
+    assert note.startswith("This run was resumed 1 time: its units were collected in 2 parts.")
+    assert "part 1: started t0 on h (pid 1, git bbbbbbbbbbbb), abandoned" in note
+    assert "part 2: started t1 on h (pid 2, git bbbbbbbbbbbb), ok; kept 2 finished units; what unfinished units " \
+           "left was set aside in unfinished/1" in note
+
+
+def test_run_status_reads_abandoned_for_a_dead_runner_on_this_host():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here = socket.gethostname()
+    assert run_status(_manifest(status="running", runner={"hostname": here, "pid": dead.pid})) == "abandoned"
+    assert run_status(_manifest(status="running", runner={"hostname": here, "pid": os.getpid()})) == "running"
+    assert run_status(_manifest(status="running", runner={"hostname": "elsewhere", "pid": dead.pid})) == "running"
+    assert run_status(_manifest(status="abandoned")) == "abandoned"
+
+
+# --------------------------------------------------------------------------------------------------
+# The runner: run, fail, resume (a real kernel, no engine)
+
+
+@pytest.fixture
+def failed_run(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("FIXTURE_FAIL_AT", "u2")
+    with pytest.raises(NotebookExecutionError) as exc:
+        run_experiment("fixture_units", SMALL, overrides=["env.API_TOKEN=s3cret-resume-value"],
+                       outputs_root=tmp_path, progress=False)
+    monkeypatch.delenv("FIXTURE_FAIL_AT")
+    return exc.value.result.run_dir
+
+
+def test_resume_keeps_done_units_runs_the_rest_and_says_so(failed_run):
+    first = read_manifest(failed_run)
+    assert first.status == "failed" and len(first.parts) == 1 and first.parts[0].status == "failed"
+    kernel_1 = set(RunContext(failed_run).load_frame("units")["kernel_pid"])
+    u0_log = (failed_run / "logs" / "u0.log").read_text()
+
+    # the params.yaml has the token redacted: a resume must be given it again, and says how
+    with pytest.raises(ParamsError, match=r"env\.API_TOKEN was redacted .* -p env\.API_TOKEN=VALUE"):
+        resume_experiment(failed_run, progress=False)
+    with pytest.raises(ParamsError, match="--allow-params-change"):
+        resume_experiment(failed_run, ["env.API_TOKEN=s3cret-resume-value", "rows=9"], progress=False)
+    assert read_manifest(failed_run).parts == first.parts  # a refusal changes nothing
+
+    result = resume_experiment(failed_run, ["env.API_TOKEN=s3cret-resume-value"], progress=False)
+    assert result.status == "ok"
+    ctx = RunContext(failed_run)
+    units = ctx.load_frame("units")
+    assert list(units["unit"]) == ["u0", "u1", "u2", "u3"]  # the same order; u0, u1 not re-run
+    assert set(units["kernel_pid"][:2]) == kernel_1 and not set(units["kernel_pid"][2:]) & kernel_1
+    assert (failed_run / "logs" / "u0.log").read_text() == u0_log
+    assert list(ctx.load_frame("items")["unit"]) == ["u0", "u0", "u1", "u1", "u2", "u2", "u3", "u3"]
+    aside = failed_run / "unfinished" / "1"
+    assert list(pd.read_parquet(aside / "data" / "items.parquet")["unit"]) == ["u2", "u2"]
+    assert (aside / "logs" / "u2.log").is_file()
+
+    m = read_manifest(failed_run)
+    assert m.status == "ok" and [p.status for p in m.parts] == ["failed", "ok"]
+    part = m.parts[1]
+    assert part.resumed_from == "failed" and part.kept_units == 2 and part.set_aside == "unfinished/1"
+    assert part.pid == os.getpid() and part.git_sha == first.git.sha and part.ended_at and part.forced == []
+    assert part.overrides == ["env.API_TOKEN=***"]
+    assert m.duration_s == pytest.approx(sum(p.duration_s for p in m.parts), abs=0.01)
+    html = (failed_run / "report.html").read_text()
+    assert "This run was resumed 1 time" in html and "UNITS-MARKER" in html
+    for path in failed_run.rglob("*"):
+        if path.is_file():
+            assert b"s3cret-resume-value" not in path.read_bytes(), path
+
+    with pytest.raises(RunError, match="finished ok; nothing to resume"):
+        resume_experiment(failed_run, ["env.API_TOKEN=s3cret-resume-value"], progress=False)
+
+
+def test_resume_of_an_abandoned_run_with_other_code_needs_the_flag_and_records_it(failed_run, monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    m = read_manifest(failed_run)  # as a SIGKILLed runner whose watchdog died too leaves it
+    m.status, m.runner = "running", {"hostname": socket.gethostname(), "pid": dead.pid}
+    m.parts[0].status = "running"
+    write_manifest(failed_run, m)
+    other = GitInfo(sha="f" * 40, short_sha="fffffff", dirty=False)
+    monkeypatch.setattr(runner, "git_info", lambda root: other)
+    token = ["env.API_TOKEN=s3cret-resume-value"]
+    with pytest.raises(RunError, match="--allow-git-change"):
+        resume_experiment(failed_run, token, progress=False)
+    with pytest.raises(RunError, match="is a run of 'fixture_units', not 'fixture_good'"):
+        resume_experiment(failed_run, token, experiment="fixture_good", progress=False)
+    result = resume_experiment(failed_run, token, allow_git_change=True, progress=False)
+    parts = result.manifest.parts
+    assert [p.status for p in parts] == ["abandoned", "ok"] and parts[1].resumed_from == "abandoned"
+    assert parts[1].forced == [f"git changed: {m.git.sha[:12]} -> ffffffffffff"] and parts[1].git_sha == "f" * 40
+
+
+def test_an_experiment_without_units_cannot_be_resumed(tmp_path):
+    with pytest.raises(NotebookExecutionError) as exc:
+        run_experiment("fixture_broken", SMALL, outputs_root=tmp_path, progress=False)
+    with pytest.raises(RunError, match="does not declare its units"):
+        resume_experiment(exc.value.result.run_dir, progress=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# The run guard: SIGKILL (watchdog) and SIGTERM (servers before the kernel)
+
+FAKE_RUNNER = """
+import os, subprocess, sys, time
+from pathlib import Path
+from specbook import runguard
+run_dir = Path(sys.argv[1])
+with runguard.guarded(run_dir):
+    # a child standing for a kernel's server: the run's token (inherited) and the server marker
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                              env={**os.environ, "SPECBOOK_SERVER_ID": "fake"})
+    (run_dir / "server.pid").write_text(str(server.pid))
+    time.sleep(600)
+"""
+
+
+def test_a_sigkilled_runner_leaves_no_server_and_its_run_reads_abandoned(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_RUNNER, str(run_dir)])
+    write_manifest(run_dir, _manifest(status="running", runner={"hostname": socket.gethostname(), "pid": proc.pid},
+                                      parts=[RunPart(started_at="t0", pid=proc.pid)]))
+    deadline = time.monotonic() + 60
+    while not (run_dir / "server.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    server = psutil.Process(int((run_dir / "server.pid").read_text()))
+    proc.send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    proc.wait()
+    gone = psutil.wait_procs([server], timeout=30)[0]
+    took = time.monotonic() - t0
+    assert gone, f"the server outlived its runner by {took:.1f} s"
+    deadline = time.monotonic() + 10
+    while read_manifest(run_dir).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    m = read_manifest(run_dir)
+    assert m.status == "abandoned" and m.parts[0].status == "abandoned" and m.parts[0].ended_at
+    assert f"the runner (pid {proc.pid}) died" in m.error and "stopped 1 server process(es)" in m.error
+
+
+def test_a_runner_that_ends_normally_leaves_its_manifest_to_itself(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_manifest(run_dir, _manifest(status="running", runner={"hostname": socket.gethostname(), "pid": os.getpid()}))
+    from specbook import runguard
+
+    with runguard.guarded(run_dir) as guard:
+        assert os.environ[runguard.RUN_TOKEN_ENV] == guard.token
+    assert runguard.RUN_TOKEN_ENV not in os.environ
+    time.sleep(0.5)
+    assert read_manifest(run_dir).status == "running"  # the watchdog was told "done"
+
+
+def test_sigterm_waits_for_the_servers_before_the_kernel_is_shut_down(tmp_path):
+    wrapper = (f"import sys; sys.path.insert(0, {str(NOTEBOOKS)!r}); import fixture_experiments; "
+               "from specbook.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", wrapper, "run", "fixture_good", "-f", str(SMALL), "--notebook",
+         str(NOTEBOOKS / "slow_server.ipynb"), "--outputs", str(tmp_path), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (pid_files := list(tmp_path.glob("*/*/server.pid"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_files, "the notebook never started its server"
+    run_dir = pid_files[0].parent
+    server = int(pid_files[0].read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    # the server's 8 s teardown ran to its end inside the kernel: the kernel was not shut down under it
+    assert (run_dir / "teardown.done").exists()
+    m = read_manifest(run_dir)
+    assert m.status == "interrupted" and "servers gone" in m.error and "after SIGTERM" in m.error, m.error
+
+
+# --------------------------------------------------------------------------------------------------
+# The experiments' declared units on real run folders (tests/golden: frames saved by real runs)
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+@pytest.mark.parametrize("experiment, unfinished_server, frames_with_rows", [
+    ("config_flip", "arm1-100.0", ("requests", "intervals")),
+    ("cross_engine", "llamacpp-draft-int4", ("requests", "cell_counters")),
+])
+def test_a_unit_killed_before_its_done_row_is_set_aside_on_a_real_run_folder(tmp_path, experiment,
+                                                                              unfinished_server, frames_with_rows):
+    import shutil
+
+    import specbook.experiments  # noqa: F401  (registers the experiments' units)
+    from specbook.experiments.registry import get_experiment
+
+    run_dir = tmp_path / experiment
+    shutil.copytree(GOLDEN / experiment, run_dir)
+    units = resume.units_of(experiment)
+    ctx = RunContext(run_dir)
+    done_rows = ctx.load_frame(units.done_frame)
+    everything = resume.done_units(ctx, units)
+    assert len(everything) == len(done_rows)  # every unit of the finished run is done
+    # the kill came after the last unit's other rows, before its done row (collect appends that last)
+    last = done_rows[done_rows[units.server] == unfinished_server]
+    ctx.save_frame(units.done_frame, done_rows.drop(index=last.index))
+    key = tuple(last[list(units.key)].iloc[0])
+    before = {name: len(ctx.load_frame(name)) for name in units.frames}
+    assert resume.done_units(ctx, units) == everything - {key}
+
+    moved = resume.set_aside_unfinished(ctx, units)
+    assert set(moved["rows"]) == set(frames_with_rows) and moved["servers"] == [unfinished_server]
+    assert moved["logs"] == [f"{unfinished_server}.log"]
+    for name in frames_with_rows:
+        left = ctx.load_frame(name)
+        assert len(left) == before[name] - moved["rows"][name] and moved["rows"][name] > 0
+        assert key not in set(left[list(units.key)].itertuples(index=False, name=None))
+    get_experiment(experiment).require("load")(ctx)  # what is left still loads
