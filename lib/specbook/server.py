@@ -8,6 +8,7 @@ engine-core workers that may leave the group. Teardown verifies that nothing sur
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -249,8 +250,18 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         _keep_old_log(self.log_path)
         self._log_fh = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - lives with the process
-        self._log_fh.write(format_env_line(self.launched_env) + "\n")
-        self._log_fh.flush()
+        try:
+            self._log_fh.write(format_env_line(self.launched_env) + "\n")
+            self._log_fh.flush()
+        except OSError as exc:  # a full disk is named before any server starts, not found later as a lost log
+            with contextlib.suppress(OSError):  # closing flushes the same unwritable buffer again
+                self._log_fh.close()
+            self._log_fh = None
+            from specbook.diskwrite import disk_full_error, is_disk_full
+
+            if is_disk_full(exc):
+                raise disk_full_error(self.log_path, exc) from exc
+            raise
         self.started_at = datetime.now(timezone.utc)
         self._t0 = time.monotonic()
         try:

@@ -109,3 +109,34 @@ def test_a_full_disk_names_the_file_and_keeps_every_earlier_file(small_disk):
     assert [s.name for s in read.records] == ["arm-0"] and read.skipped == []
     assert read_manifest(run_dir).error is None
     assert [p.name for p in run_dir.rglob("*") if p.name.endswith(".tmp")] == []
+
+
+SERVER_LOG_SCENARIO = """
+import json, sys
+from pathlib import Path
+from specbook.errors import DiskFullError
+from specbook.server import ManagedServer, ServerSpec
+
+log = Path(sys.argv[1])
+spec = ServerSpec(name="s", argv=["sleep", "30"], port=1, log_path=log, env={"PAD": "x" * 600})
+try:
+    ManagedServer(spec).start()
+    print(json.dumps({"error": None}))
+except DiskFullError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def test_a_server_log_on_a_full_disk_is_named_before_the_server_starts(tmp_path):
+    """The launcher's `Env:` line is the log's first write: a full disk there is a DiskFullError naming the log,
+    and no engine process is started (RLIMIT_FSIZE of 512 bytes < the Env line)."""
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    log = tmp_path / "logs" / "s.log"
+    done = subprocess.run([sys.executable, "-c", SERVER_LOG_SCENARIO, str(log)], capture_output=True, text=True,
+                          preexec_fn=limit, timeout=120)
+    assert done.returncode == 0, done.stderr
+    error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    assert error is not None and f"{log}: disk full" in error
