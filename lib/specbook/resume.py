@@ -50,6 +50,7 @@ class Units:
     frames:     the frames whose rows belong to units (done_frame among them).
     server:     the column of done_frame naming the unit's server (its logs/NAME.log, its servers.jsonl record).
     done_when:  column values a done_frame row must have to count as done (knob A/B also appends failed runs).
+    key_defaults: the value of a key column in frames saved before that column existed.
     """
 
     done_frame: str
@@ -57,6 +58,12 @@ class Units:
     frames: tuple[str, ...]
     server: str
     done_when: dict[str, Any] = field(default_factory=dict)
+    key_defaults: dict[str, Any] = field(default_factory=dict)
+
+    def upgraded(self, frame: Any) -> Any:
+        """`frame` with every absent key column that has a default filled in."""
+        absent = {col: value for col, value in self.key_defaults.items() if col not in frame}
+        return frame.assign(**absent) if absent else frame
 
 
 _UNITS: dict[str, Units] = {}
@@ -74,7 +81,11 @@ def units_of(experiment: str) -> Units | None:
 def _done_rows(ctx: RunContext, units: Units):
     if not ctx.has_frame(units.done_frame):
         return None
-    frame = ctx.load_frame(units.done_frame)
+    frame = units.upgraded(ctx.load_frame(units.done_frame))
+    missing = [col for col in units.key if col not in frame]
+    if missing:  # saved before the experiment's units had this key (an older specbook)
+        raise RunError(f"{ctx.frame_path(units.done_frame)}: has no {', '.join(missing)} column(s); cannot tell "
+                       "which units are done")
     for col, value in units.done_when.items():
         frame = frame[frame[col] == value] if col in frame else frame.iloc[0:0]
     return frame
@@ -122,7 +133,7 @@ def set_aside_unfinished(ctx: RunContext, units: Units) -> dict[str, Any]:
     for name in units.frames:
         if not ctx.has_frame(name):
             continue
-        frame = ctx.load_frame(name)
+        frame = units.upgraded(ctx.load_frame(name))
         if not all(col in frame for col in units.key):
             raise RunError(f"{ctx.frame_path(name)}: has no {', '.join(units.key)} column(s); cannot tell its units")
         keys = pd.Series(list(frame[list(units.key)].itertuples(index=False, name=None)), index=frame.index)

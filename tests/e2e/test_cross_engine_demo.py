@@ -1,13 +1,16 @@
 """The cross-engine demo end to end, reduced: `specbook run cross_engine` with llama.cpp vs vLLM-CPU.
 
 Reduced via -p: the loop prompt and one ordinary prompt, speculation off and the int4 draft, one warm
-repeat. Run under the shared engine lock: `flock /tmp/specbook-engine.lock .venv/bin/pytest -m e2e`.
+repeat; the untimed trace pass (draft lane), equal-work re-runs (cells that need one) and the profiled pass
+(draft lane only) as the demo params switch them on. Run under the shared engine lock:
+`flock /tmp/specbook-engine.lock .venv/bin/pytest -m e2e`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from specbook.experiments import cross_engine as ce
@@ -23,8 +26,8 @@ LANES = '[{name: "off"}, {name: draft-int4, speculative_config: {method: draft_m
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    return run_book("cross_engine", DEMO, ["num_prompts=2", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}"],
-                    outputs, timeout=1200)
+    return run_book("cross_engine", DEMO, ["num_prompts=2", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}",
+                                           "cost_split.lanes=[draft-int4]"], outputs, timeout=1200)
 
 
 def test_run_folder_holds_report_data_and_both_engines_logs(demo_run):
@@ -56,3 +59,51 @@ def test_both_engines_report_acceptance_under_one_definition(demo_run):
     pp = ce.per_position(data)
     assert set(pp["side"]) == {"ours", "oracle"} and (pp["rate"].between(0, 1)).all()
     assert all(p["identical"] for p in data.weights.values())
+
+
+def _result(demo_run):
+    params = load_params(ce.CrossEngineParams, demo_run / "params.yaml")
+    return params, ce.analyze(ce.load(RunContext.from_run_dir(demo_run)), params)
+
+
+@pytest.mark.parametrize("side", [
+    "oracle",
+    pytest.param("ours", marks=pytest.mark.xfail(strict=True, reason=(
+        "KNOWN DISAGREEMENT (e2e run 2026-11-30 21:00Z): llama.cpp's counters count one accepted token fewer "
+        "than the traces derive (accepted 53..56 vs 52, position 1: 16 vs 15); drafts and draft tokens agree "
+        "(18, 70). Suspect: the last step of the `capital` request, which an EOS stop cut (derived 1 accepted, "
+        "the engine printed no count for it); the report shows the disagreement")))])
+def test_trace_pass_derived_counts_equal_the_counters(demo_run, side):
+    params, result = _result(demo_run)
+    agree = result.trace_agreement.set_index("side")
+    assert sorted(agree.index) == ["oracle", "ours"] and set(agree["lane"]) == {"draft-int4"}
+    row = agree.loc[side]
+    assert row["untraceable"] is None or pd.isna(row["untraceable"]), row["untraceable"]
+    assert row["derived_drafts"] > 0 and row["derived_drafts"] == row["counter_drafts"]
+    assert row["agree"], row["disagreements"]
+
+
+def test_trace_pass_feeds_the_replay_matched_content_and_report(demo_run):
+    params, result = _result(demo_run)
+    assert len(result.replay) == 2 and (result.replay["anchors"] > 0).all()
+    assert (result.replay["systematic_mismatches"] == "none").all(), result.replay
+    assert len(result.prefix_acceptance) == 2 and (result.prefix_acceptance["common_prefix"] > 0).all()
+    for rel in ("logs/vllm-draft-int4-trace.log", "logs/llamacpp-draft-int4-trace.log"):
+        assert (demo_run / rel).is_file(), rel
+    html = (demo_run / "report.html").read_text()
+    assert "untimed trace pass" in html and "Matched anchors between the engines" in html
+
+
+def test_equal_work_headline_stands_beside_the_strict_one_and_the_cost_split_is_shown(demo_run):
+    params, result = _result(demo_run)
+    strict, equal = (h.set_index("lane") for h in (result.headline, result.equal_work_headline))
+    assert list(equal.index) == list(strict.index) == ["off", "draft-int4"]
+    assert (equal["comparable"] >= strict["comparable"]).all()
+    assert (equal["comparable"] - strict["comparable"] <= equal["re_run"]).all()
+    assert equal["left_out"].str.contains("yes-loop").all()  # loops stay out of both
+    split = result.cost_split
+    assert sorted(split["engine"]) == ["llamacpp", "vllm"] and set(split["lane"]) == {"draft-int4"}
+    assert set(split["source"]) == {"profiler", "engine_log"} and (split["step_ms"] > 0).all()
+    html = (demo_run / "report.html").read_text()
+    assert "Equal-work headline" in html and "Per-step cost split" in html
+    assert "usable cells per lane (strict / with equal work)" in html

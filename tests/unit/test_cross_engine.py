@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from specbook import equalwork
 from specbook.acceptance import position_column
 from specbook.errors import ParamsError, PinMismatchError
 from specbook.experiments import cross_engine as ce
@@ -290,3 +291,89 @@ def test_a_cell_over_max_failed_requests_is_not_comparable_and_says_why():
     result = ce.analyze(data, params)
     assert result.request_failures.set_index("prompt").loc["other", "n_failed"] == 1
     assert "off / other: NOT COMPARABLE" in result.flagged_reasons
+
+
+def _equal_work_cells() -> dict:
+    text, other = _prose(84, 7), _prose(84, 8)
+    return {
+        ("off", "same", "ours"): (text, 50.0), ("off", "same", "oracle"): (text, 40.0),
+        ("off", "parted", "ours"): (text, 50.0), ("off", "parted", "oracle"): (text[:40] + other[:44], 40.0),
+        ("off", "loop", "ours"): (LOOP, 50.0), ("off", "loop", "oracle"): (LOOP[:100], 40.0),
+    }
+
+
+def test_equal_work_re_runs_diverged_cells_on_their_common_prefix_and_never_loops(demo):
+    params = ce.CrossEngineParams.model_validate(demo)
+    data = _data(_equal_work_cells())
+    plan = ce.equal_work_plan(data, params)
+    assert list(plan) == ["off"] and [(c.prompt, c.tokens) for c in plan["off"]] == [("parted", 40)]
+    req = equalwork.equal_work_request(ce.build_request(params, params.prompts[1]), plan["off"][0].ours,
+                                       plan["off"][0].oracle)
+    assert (req.max_tokens, req.ignore_eos) == (40, True)
+
+
+def test_equal_work_headline_stands_beside_the_strict_one_and_counts_usable_cells(demo):
+    params = ce.CrossEngineParams.model_validate({**demo, "n_boot": 200})
+    data = _data(_equal_work_cells())
+    text = _prose(84, 7)[:40]
+    data.equal_work = _requests({("off", "parted", "ours"): (text, 60.0),
+                                 ("off", "parted", "oracle"): (text, 40.0)}).assign(max_tokens=40, kind="equal_work")
+    result = ce.analyze(data, params)
+    strict = result.headline.set_index("lane").loc["off"]
+    assert strict["comparable"] == 1 and strict["left_out"] == "parted, loop"
+    eq = result.equal_work_cells.set_index("prompt").loc["parted"]
+    assert eq["comparable"] and eq["ratio"] == pytest.approx(1.5, rel=0.02) and eq["max_tokens"] == 40
+    head = result.equal_work_headline.set_index("lane").loc["off"]
+    assert (head["cells"], head["comparable"], head["re_run"], head["left_out"]) == (3, 2, 1, "loop")
+    same = result.cells.set_index("prompt").loc["same", "ratio"]
+    assert head["ratio"] == pytest.approx((same * eq["ratio"]) ** 0.5)
+    usable = result.usable.set_index("lane").loc["off"]
+    assert (usable["strict_usable"], usable["equal_work_usable"], usable["re_run_usable"]) == (1, 2, "parted")
+    assert usable["not_usable"].startswith("loop: ") and "degenerate" in usable["not_usable"]
+    summary = result.answer(params)
+    assert [h.comparison for h in summary.headlines] == ["lane off", "lane off (equal work)"]
+    assert "usable cells per lane (strict / with equal work): off 1/2 of 3" in summary.evidence
+
+
+def test_runs_without_the_optional_passes_analyse_as_before(tmp_path):
+    text = _prose(64, 6)
+    cells = {(lane, "p", s): (text, 50.0) for lane in ("off", "ngram") for s in ("ours", "oracle")}
+    data = ce.load(_save_run(tmp_path, _requests(cells), _cells(cells)))
+    assert set(data.requests["kind"]) == set(data.servers["kind"]) == {"timed"}
+    assert data.trace_steps.empty and data.cost_split.empty and data.equal_work.empty
+    old_params = load_params(ce.CrossEngineParams, DEMO, ["n_boot=200", "traces.enabled=false",
+                                                          "equal_work.enabled=false", "cost_split.enabled=false"])
+    result = ce.analyze(data, old_params)
+    assert result.trace_agreement.empty and result.equal_work_headline.empty and result.cost_split.empty
+    assert result.proposals_note == ce.PROPOSALS_NOTE
+    assert result.answer(old_params).evidence[-1] == "usable cells per lane: off 1 of 1, ngram 1 of 1"
+    # with equal work on but no cell to re-run, the second headline is the strict one, labelled as such
+    with_equal = ce.analyze(data, load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"]))
+    pd.testing.assert_series_equal(with_equal.equal_work_headline["ratio"], with_equal.headline["ratio"])
+    assert (with_equal.equal_work_headline["re_run"] == 0).all()
+
+
+def test_cost_split_lanes_must_name_lanes(tmp_path, demo):
+    demo["cost_split"] = {"enabled": True, "lanes": ["draft-int4", "eagle"]}
+    with pytest.raises(ParamsError, match=r"cost_split.lanes: \['eagle'\]"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, demo))
+
+
+def test_each_extra_pass_is_its_own_resume_unit_and_old_folders_are_all_timed(tmp_path):
+    from specbook import resume
+    from specbook.experiments import cross_engine_traces as cet
+
+    ctx = RunContext(tmp_path / "run")
+    ctx.save_frame(ce.SERVERS_FRAME, pd.DataFrame([
+        {"server": "vllm-draft", "side": "oracle", "lane": "draft", "kind": "timed"},
+        {"server": "vllm-draft-trace", "side": "oracle", "lane": "draft", "kind": "trace"}]))
+    ctx.save_frame(cet.TRACE_STEPS, pd.DataFrame([{"side": "oracle", "lane": "draft", "kind": "trace", "accepted": 1}]))
+    # a profiled pass killed before its done row: its split is set aside, the finished trace pass stays
+    ctx.save_frame(ce.COST_SPLIT_FRAME, pd.DataFrame([{"side": "oracle", "lane": "draft", "kind": "profile",
+                                                       "step_ms": 1.0}]))
+    assert resume.done_units(ctx, ce.UNITS) == {("oracle", "draft", "timed"), ("oracle", "draft", "trace")}
+    moved = resume.set_aside_unfinished(ctx, ce.UNITS)
+    assert moved["rows"] == {ce.COST_SPLIT_FRAME: 1} and len(ctx.load_frame(cet.TRACE_STEPS)) == 1
+    old = RunContext(tmp_path / "old")
+    old.save_frame(ce.SERVERS_FRAME, _servers().assign(lane="off", server=["llamacpp-off", "vllm-off"]))
+    assert resume.done_units(old, ce.UNITS) == {("ours", "off", "timed"), ("oracle", "off", "timed")}

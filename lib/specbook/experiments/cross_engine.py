@@ -37,6 +37,7 @@ from specbook.acceptance import (
     upgrade_position_columns,
 )
 from specbook.engines import EngineConfig
+from specbook.experiments import cross_engine_traces as cet
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.guards import GuardThresholds, GuardVerdict, SideOutputs, guard_cell
 from specbook.params import ExperimentParams
@@ -51,10 +52,16 @@ SERVERS_FRAME = "servers"
 PINS_JSON = "pins"
 COLD_JSON = "cold_responses"
 WEIGHTS_JSON = "weights"
-# A unit of work is one lane x side server (all its prompt cells); its servers row (appended last) says it finished.
+EQUAL_WORK_FRAME = "equal_work_requests"
+COST_SPLIT_FRAME = "cost_split"
+# A unit of work is one side x lane x kind server: kind "timed" (all its prompt cells), "trace" (the untimed
+# trace pass), "profile" (the cost split's profiled pass), "equal_work" (diverged cells re-run on their common
+# prefix). Its servers row (appended last) says it finished; runs saved before kinds existed are all "timed".
+UNIT_KINDS = ("timed", "trace", "profile", "equal_work")
 UNITS = resume.register_units("cross_engine", resume.Units(
-    done_frame=SERVERS_FRAME, key=("side", "lane"), frames=(REQUESTS_FRAME, CELLS_FRAME, SERVERS_FRAME),
-    server="server"))
+    done_frame=SERVERS_FRAME, key=("side", "lane", "kind"),
+    frames=(REQUESTS_FRAME, CELLS_FRAME, SERVERS_FRAME, *cet.FRAMES, COST_SPLIT_FRAME, EQUAL_WORK_FRAME),
+    server="server", key_defaults={"kind": "timed"}))
 PROPOSALS_NOTE = (
     "Draft proposals side by side: not shown. Neither engine exposes the drafted token ids of each step "
     "through its API or metrics (vLLM 0.32 not at all; llama.cpp 11434 only prints draft candidates "
@@ -97,6 +104,62 @@ class PromptSpec(BaseModel):
     category: str | None = Field(None, description="task category (e.g. a Spec-Bench group): ratio and AL per category")
 
 
+class SpecBenchSample(BaseModel):
+    """A stratified sample of Spec-Bench's question.jsonl (first turns), appended to `prompts`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Spec-Bench question.jsonl, relative to the project root or absolute")
+    per_category: int = Field(3, ge=1, description="questions drawn per task group (six groups)")
+    seed: int = 0
+    max_chars: int = Field(4000, ge=1, description="only questions this short (the context must hold them)")
+
+    def prompts(self) -> list[PromptSpec]:
+        from specbook.workloads import resolve_input
+        from specbook.workloads.base import read_jsonl, stratified_sample
+        from specbook.workloads.params import SPEC_BENCH_GROUPS
+        from specbook.workloads.spec_bench import group_of
+
+        path = resolve_input("spec_bench.path", self.path)
+        assert path is not None
+        rows, _ = read_jsonl(path, "spec_bench.path")
+        rows = [r for r in rows if r.get("turns") and len(str(r["turns"][0])) <= self.max_chars]
+        picked = stratified_sample(rows, lambda r: group_of(str(r.get("category"))) or "", SPEC_BENCH_GROUPS,
+                                   self.per_category, self.seed, "spec_bench")
+        return [PromptSpec(id=f"sb{r['question_id']}", text=str(r["turns"][0]),
+                           category=group_of(str(r["category"]))) for r in picked]
+
+
+class TracesSpec(BaseModel):
+    """A separate, untimed trace pass per side x speculative lane (its own server, tracing on)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="trace each speculative lane on both sides (an extra server each)")
+    replay: bool = Field(True, description="draft_model lanes: compute the draft's own greedy proposals "
+                                           "(transformers, same weights) as the reference")
+
+
+class EqualWorkSpec(BaseModel):
+    """Diverged or length-mismatched cells (not loops) re-run on both sides with max_tokens = their common prefix."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="re-run such cells (an extra server per side x lane that has one)")
+    warm_repeats: int | None = Field(None, ge=1, description="timed repeats per re-run cell (default: warm_repeats)")
+
+
+class CostSplitSpec(BaseModel):
+    """A profiled pass per side x lane (specbook.costsplit): mean ms per decode step split into parts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="profile each side x lane (an extra server each)")
+    lanes: list[str] | None = Field(None, description="lane names to profile (default: every lane)")
+    num_prompts: int = Field(2, ge=1, description="the first N prompts are sent (three times: warm-up, "
+                                                   "unprofiled, profiled)")
+
+
 class CrossEngineParams(ExperimentParams):
     ours: SideSpec
     oracle: SideSpec
@@ -113,6 +176,10 @@ class CrossEngineParams(ExperimentParams):
     n_boot: int = Field(2000, ge=100)
     measurement: RequestMeasurement = Field(default_factory=RequestMeasurement,
                                             description="max_failed_requests: per lane x prompt cell, both sides")
+    spec_bench: SpecBenchSample | None = Field(None, description="Spec-Bench questions appended to prompts")
+    traces: TracesSpec = Field(default_factory=TracesSpec)
+    equal_work: EqualWorkSpec = Field(default_factory=EqualWorkSpec)
+    cost_split: CostSplitSpec = Field(default_factory=CostSplitSpec)
 
     @model_validator(mode="after")
     def _matched_work(self) -> CrossEngineParams:
@@ -140,10 +207,18 @@ class CrossEngineParams(ExperimentParams):
             raise ValueError(f"prompts: ids must be distinct, got {ids}")
         if self.ours.label == self.oracle.label:
             raise ValueError("ours.label and oracle.label must differ")
+        unknown = sorted(set(self.cost_split.lanes or []) - set(names))
+        if unknown:
+            raise ValueError(f"cost_split.lanes: {unknown} are not lanes of this run ({names})")
         return self
 
+    def all_prompts(self) -> list[PromptSpec]:
+        """`prompts`, then the Spec-Bench sample (read from its file)."""
+        return [*self.prompts, *(self.spec_bench.prompts() if self.spec_bench else [])]
+
     def selected_prompts(self) -> list[PromptSpec]:
-        return self.prompts[: self.num_prompts] if self.num_prompts else list(self.prompts)
+        prompts = self.prompts if self.num_prompts and self.num_prompts <= len(self.prompts) else self.all_prompts()
+        return prompts[: self.num_prompts] if self.num_prompts else list(prompts)
 
     def side(self, which: str) -> SideSpec:
         return self.ours if which == "ours" else self.oracle
@@ -215,6 +290,13 @@ class CrossData:
     pins: dict[str, Any] = field(default_factory=dict)
     cold: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, Any] = field(default_factory=dict)
+    # optional passes (params traces / cost_split / equal_work); empty in runs without them
+    trace_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_passes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_reference: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
+    equal_work: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
@@ -240,8 +322,8 @@ def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
 def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     """Check pins (abort before measuring), derive weights, then serve each lane on each side in turn.
 
-    A resumed run (specbook.resume) skips the lane x side servers the folder holds as done."""
-    from specbook import harness, progress
+    A resumed run (specbook.resume) skips the side x lane x kind servers the folder holds as done."""
+    from specbook import progress
 
     pins = check_all_pins(params)
     ctx.save_json(PINS_JSON, pins)
@@ -252,42 +334,203 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
 
     done = resume.done_units(ctx, UNITS)
     saved_cold = ctx.load_json(COLD_JSON) if done and (Path(ctx.data_dir) / f"{COLD_JSON}.json").exists() else []
-    cold: list[dict[str, Any]] = [c for c in saved_cold if (c["side"], c["lane"]) in done]
-    units = progress.Units("cross-engine server", 2 * len(params.lanes))  # console only (specbook.progress)
+    cold: list[dict[str, Any]] = [c for c in saved_cold if (c["side"], c["lane"], "timed") in done]
+    units = progress.Units("cross-engine server", _planned_servers(params))  # console only (specbook.progress)
     for lane in params.lanes:
         for which in ("oracle", "ours"):
-            if (which, lane.name) in done:
+            if (which, lane.name, "timed") in done:
                 units.skip(f"{which} / lane {lane.name}")
-                continue
-            side = params.side(which)
-            cfg = lane_config(side, lane)
-            label = f"{side.label}-{lane.name}"
-            units.start(f"{label} ({which}, {len(prompts)} prompts)")
-            request_frames, cell_rows = [], []
-            extra = {"experiment": "cross_engine", "side": which, "lane": lane.name}
-            with harness.serve(cfg, ctx, label, extra=extra) as server:
-                for prompt in prompts:
-                    cold_resp = server.post_raw(build_request(params, prompt))
-                    cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.id, "response": cold_resp})
-                    warm = [build_request(params, prompt, repeat=i) for i in range(params.warm_repeats)]
-                    window = server.measure(warm, concurrency=1)
-                    frame = window.requests_frame()
-                    frame.insert(0, "side", which)
-                    frame.insert(1, "engine", cfg.engine)
-                    frame.insert(2, "lane", lane.name)
-                    frame.insert(3, "prompt", prompt.id)
-                    frame.insert(4, "repeat", range(len(window.records)))
-                    frame["token_ids"] = [token_ids(tokenizer, r.output_text) for r in window.records]
-                    request_frames.append(frame)
-                    cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.id, window, cold_resp))
-            # Saved after every server: a later failure keeps what the earlier ones measured.
-            ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True))
-            ctx.append_frame(CELLS_FRAME, pd.DataFrame(cell_rows))
-            ctx.append_frame(SERVERS_FRAME, pd.DataFrame([{
-                "server": label, "side": which, "label": side.label, "engine": cfg.engine, "lane": lane.name,
-                "ready_s": server.ready_s, "versions": str(server.versions)}]))
-            ctx.save_json(COLD_JSON, cold)
+            else:
+                _timed_unit(params, ctx, which, lane, prompts, tokenizer, cold, units)
+            _extra_passes(params, ctx, which, lane, prompts, done, units)
+    if params.equal_work.enabled:
+        _equal_work(params, ctx, tokenizer, done, units)
     return load(ctx)
+
+
+def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[PromptSpec],
+                tokenizer: Any, cold: list[dict[str, Any]], units: Any) -> None:
+    """One side x lane's timed server: per prompt a cold request, then the warm repeats as one window."""
+    from specbook import harness
+
+    side = params.side(which)
+    cfg = lane_config(side, lane)
+    label = f"{side.label}-{lane.name}"
+    units.start(f"{label} ({which}, {len(prompts)} prompts)")
+    request_frames, cell_rows = [], []
+    extra = {"experiment": "cross_engine", "side": which, "lane": lane.name}
+    with harness.serve(cfg, ctx, label, extra=extra) as server:
+        for prompt in prompts:
+            cold_resp = server.post_raw(build_request(params, prompt))
+            cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.id, "response": cold_resp})
+            warm = [build_request(params, prompt, repeat=i) for i in range(params.warm_repeats)]
+            window = server.measure(warm, concurrency=1)
+            request_frames.append(_window_frame(window, which, cfg.engine, lane.name, prompt.id, tokenizer))
+            cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.id, window, cold_resp))
+    # Saved after every server: a later failure keeps what the earlier ones measured.
+    ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True).assign(kind="timed"))
+    ctx.append_frame(CELLS_FRAME, pd.DataFrame(cell_rows).assign(kind="timed"))
+    ctx.save_json(COLD_JSON, cold)
+    _server_done(ctx, server, label, which, side, lane, "timed")
+
+
+def _server_done(ctx: Any, server: Any, label: str, which: str, side: SideSpec, lane: LaneSpec, kind: str) -> None:
+    """The unit's servers row, appended last: the unit is done."""
+    ctx.append_frame(SERVERS_FRAME, pd.DataFrame([{
+        "server": label, "side": which, "label": side.label, "engine": side.engine.engine, "lane": lane.name,
+        "ready_s": server.ready_s if server is not None else math.nan,
+        "versions": str(server.versions) if server is not None else "", "kind": kind}]))
+
+
+def _traced(lane: LaneSpec) -> bool:
+    return bool(lane.speculative_config)
+
+
+def _profiled(params: CrossEngineParams, lane: LaneSpec) -> bool:
+    return params.cost_split.enabled and (params.cost_split.lanes is None or lane.name in params.cost_split.lanes)
+
+
+def _planned_servers(params: CrossEngineParams) -> int:
+    per_side = len(params.lanes) + sum(params.traces.enabled and _traced(lane) for lane in params.lanes) \
+        + sum(_profiled(params, lane) for lane in params.lanes)
+    return 2 * per_side  # equal-work servers are counted once known
+
+
+def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[PromptSpec],
+                  done: set, units: Any) -> None:
+    """The side x lane's untimed trace pass and its profiled pass, each its own server and unit, after its
+    timed server (tracing and profiling slow a server down: never in a timed one)."""
+    from specbook import costsplit, harness
+    from specbook.traces import trace_pass, traced_config
+
+    side = params.side(which)
+    cfg = lane_config(side, lane)
+    if params.traces.enabled and _traced(lane):
+        label = f"{side.label}-{lane.name}-trace"
+        if (which, lane.name, "trace") in done:
+            units.skip(label)
+        else:
+            units.start(f"{label} ({which}, untimed trace pass, {len(prompts)} prompts)")
+            folder = Path(ctx.run_dir) / "traces" / label
+            if folder.exists():  # an unfinished earlier attempt's records: kept beside, never read as this pass's
+                n = 1
+                while folder.with_name(f"{label}.unfinished-{n}").exists():
+                    n += 1
+                folder.rename(folder.with_name(f"{label}.unfinished-{n}"))
+            requests = [build_request(params, p) for p in prompts]
+            extra = {"experiment": "cross_engine", "side": which, "lane": lane.name, "pass": "trace"}
+            with harness.serve(traced_config(cfg, folder), ctx, label, extra=extra) as server:
+                ts = trace_pass(server, requests, folder)
+            frames = cet.trace_frames(ts, which, lane.name)
+            spec = lane.speculative_config or {}
+            if params.traces.replay and ts.method == "draft_model" and ts.untraceable is None:
+                ref = cet.replay_for(ts, str(spec["model"]), int(spec.get("num_speculative_tokens") or 1))
+                frames[cet.TRACE_REFERENCE] = cet.reference_frame(ref, which, lane.name)
+            for name, frame in frames.items():
+                ctx.append_frame(name, frame)
+            _server_done(ctx, server, label, which, side, lane, "trace")
+    if _profiled(params, lane):
+        label = f"{side.label}-{lane.name}-prof"
+        if (which, lane.name, "profile") in done:
+            units.skip(label)
+        else:
+            units.start(f"{label} ({which}, profiled pass)")
+            requests = [build_request(params, p) for p in prompts[: params.cost_split.num_prompts]]
+            split = costsplit.profiled_pass(cfg, requests, ctx, name=label, lane=lane.name, engine_label=side.label)
+            frame = costsplit.splits_frame([split])
+            frame.insert(0, "side", which)
+            frame.insert(2, "kind", "profile")
+            ctx.append_frame(COST_SPLIT_FRAME, frame)
+            _server_done(ctx, None, label, which, side, lane, "profile")
+
+
+@dataclass(frozen=True)
+class EqualWorkCell:
+    """A cell to re-run with equal work: its prompt and both sides' first-repeat outputs (target token ids)."""
+
+    prompt: str
+    ours: list[int]
+    oracle: list[int]
+
+    @property
+    def tokens(self) -> int:
+        from specbook.equalwork import common_prefix_len
+
+        return common_prefix_len(self.ours, self.oracle)
+
+
+def equal_work_plan(data: CrossData, params: CrossEngineParams) -> dict[str, list[EqualWorkCell]]:
+    """Per lane: every cell to re-run with equal work: diverged or length-mismatched, not degenerate (loops
+    stay out), no failed request, a common prefix of >= 2 tokens (ours' and the oracle's first repeat, in
+    the target tokenizer's ids)."""
+    from specbook.guards import DEGENERATE, DIVERGED, LENGTH_MISMATCH
+
+    over = request_failures.left_out(request_failure_table(data, params.measurement.max_failed_requests),
+                                     ["lane", "prompt"])
+    req = data.requests
+    plan: dict[str, list[EqualWorkCell]] = {}
+    for (lane, prompt), verdict in cell_guards(data, params.guards).items():
+        if any(f.startswith(DEGENERATE) for f in verdict.flags) or (lane, prompt) in over:
+            continue
+        if not {DIVERGED, LENGTH_MISMATCH} & set(verdict.flags):
+            continue
+        outs = []
+        for which in SIDES:
+            rows = req[(req["lane"] == lane) & (req["prompt"] == prompt) & (req["side"] == which)]
+            rows = rows[rows["error"].isna()] if "error" in rows else rows
+            outs.append(_tokens(rows)[0] if len(rows) else [])
+        cell = EqualWorkCell(prompt, outs[0], outs[1])
+        if cell.tokens >= 2:
+            plan.setdefault(lane, []).append(cell)
+    return plan
+
+
+def _equal_work(params: CrossEngineParams, ctx: Any, tokenizer: Any, done: set, units: Any) -> None:
+    """Re-run each planned cell on both sides with max_tokens = its common prefix (ignore_eos): equal work."""
+    from specbook import harness
+    from specbook.equalwork import equal_work_request
+
+    plan = equal_work_plan(load(ctx), params)
+    prompts = {p.id: p for p in params.selected_prompts()}
+    repeats = params.equal_work.warm_repeats or params.warm_repeats
+    units.total += 2 * len(plan)  # known only now
+    for lane in params.lanes:
+        if lane.name not in plan:
+            continue
+        for which in ("oracle", "ours"):
+            side = params.side(which)
+            label = f"{side.label}-{lane.name}-equal"
+            if (which, lane.name, "equal_work") in done:
+                units.skip(label)
+                continue
+            units.start(f"{label} ({which}, {len(plan[lane.name])} cells re-run on their common prefix)")
+            cfg = lane_config(side, lane)
+            frames = []
+            extra = {"experiment": "cross_engine", "side": which, "lane": lane.name, "pass": "equal_work"}
+            with harness.serve(cfg, ctx, label, extra=extra) as server:
+                for cell in plan[lane.name]:
+                    prompt = prompts[cell.prompt]
+                    def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: PromptSpec = prompt) -> Any:
+                        return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
+                    server.post_raw(equal(None))  # cold, not timed
+                    window = server.measure([equal(i) for i in range(repeats)], concurrency=1)
+                    frame = _window_frame(window, which, cfg.engine, lane.name, cell.prompt, tokenizer)
+                    frame["max_tokens"] = cell.tokens
+                    frames.append(frame)
+            ctx.append_frame(EQUAL_WORK_FRAME, pd.concat(frames, ignore_index=True).assign(kind="equal_work"))
+            _server_done(ctx, server, label, which, side, lane, "equal_work")
+
+
+def _window_frame(window: Any, side: str, engine: str, lane: str, prompt: str, tokenizer: Any) -> pd.DataFrame:
+    """A measured window's requests as cell rows: where they ran, the repeat, and the output's token ids."""
+    frame = window.requests_frame()
+    frame.insert(0, "side", side)
+    frame.insert(1, "engine", engine)
+    frame.insert(2, "lane", lane)
+    frame.insert(3, "prompt", prompt)
+    frame.insert(4, "repeat", range(len(window.records)))
+    frame["token_ids"] = [token_ids(tokenizer, r.output_text) for r in window.records]
+    return frame
 
 
 def _cell_row(side: str, engine: str, lane: str, prompt: str, window: Any, cold_resp: dict) -> dict:
@@ -315,14 +558,26 @@ def load(ctx: Any) -> CrossData:
     def maybe_json(name: str, default: Any) -> Any:
         return ctx.load_json(name) if (Path(ctx.data_dir) / f"{name}.json").exists() else default
 
+    def maybe_frame(name: str) -> pd.DataFrame:
+        return ctx.load_frame(name) if ctx.has_frame(name) else pd.DataFrame()
+
+    def timed(frame: pd.DataFrame) -> pd.DataFrame:  # runs saved before unit kinds: every row is timed
+        return frame if "kind" in frame else frame.assign(kind="timed")
+
     cells = upgrade_position_columns(ctx.load_frame(CELLS_FRAME)).rename(columns=_OLD_CELL_COLUMNS)
     return CrossData(
-        requests=ctx.load_frame(REQUESTS_FRAME),
-        cells=cells,
-        servers=ctx.load_frame(SERVERS_FRAME),
+        requests=timed(ctx.load_frame(REQUESTS_FRAME)),
+        cells=timed(cells),
+        servers=timed(ctx.load_frame(SERVERS_FRAME)),
         pins=maybe_json(PINS_JSON, {}),
         cold=maybe_json(COLD_JSON, []),
         weights=maybe_json(WEIGHTS_JSON, {}),
+        trace_steps=maybe_frame(cet.TRACE_STEPS),
+        trace_requests=maybe_frame(cet.TRACE_REQUESTS),
+        trace_passes=maybe_frame(cet.TRACE_PASSES),
+        trace_reference=maybe_frame(cet.TRACE_REFERENCE),
+        cost_split=maybe_frame(COST_SPLIT_FRAME),
+        equal_work=maybe_frame(EQUAL_WORK_FRAME),
     )
 
 
@@ -463,6 +718,67 @@ def headline(cells: pd.DataFrame, *, ci: float = 0.95, n_boot: int = 2000, seed:
     return pd.DataFrame(rows)
 
 
+def equal_work_cells(data: CrossData, thresholds: GuardThresholds | None = None, *, ci: float = 0.95,
+                     max_failed_requests: int = 0) -> pd.DataFrame:
+    """The equal-work re-runs (max_tokens = the common prefix, both sides) as cells, guarded like the strict
+    ones (each lane on its own: a re-run has no spec-off output of the same length to compare with)."""
+    ew = data.equal_work
+    if ew.empty:
+        return pd.DataFrame(columns=[*REPORT_COLUMNS, "max_tokens"])
+    parts = []
+    for lane in dict.fromkeys(ew["lane"]):
+        rows = ew[ew["lane"] == lane]
+        lane_data = CrossData(requests=rows, cells=pd.DataFrame(), servers=data.servers)
+        cells = cell_table(lane_data, thresholds, ci=ci, max_failed_requests=max_failed_requests)
+        cells["max_tokens"] = cells["prompt"].map(rows.groupby("prompt")["max_tokens"].first())
+        parts.append(cells)
+    return pd.concat(parts, ignore_index=True)
+
+
+def equal_work_headline(strict: pd.DataFrame, equal: pd.DataFrame, *, ci: float = 0.95) -> pd.DataFrame:
+    """Per lane, the second headline: the geometric-mean ratio over the strict comparable cells plus every
+    diverged / length-mismatched cell whose equal-work re-run is comparable (its ratio replaces the strict
+    one). Loops are never re-run, so they stay out of both."""
+    eq = equal[equal["comparable"]].set_index(["lane", "prompt"]) if len(equal) else pd.DataFrame()
+    rows = []
+    for r in strict.itertuples(index=False):
+        key = (r.lane, r.prompt)
+        if not r.comparable and len(eq) and key in eq.index:
+            e = eq.loc[key]
+            rows.append({"lane": r.lane, "prompt": r.prompt, "ratio": float(e["ratio"]), "ratio_lo": float(e["ratio_lo"]),
+                         "ratio_hi": float(e["ratio_hi"]), "comparable": True, "equal_work": True})
+        else:
+            rows.append({"lane": r.lane, "prompt": r.prompt, "ratio": r.ratio, "ratio_lo": r.ratio_lo,
+                         "ratio_hi": r.ratio_hi, "comparable": bool(r.comparable), "equal_work": False})
+    combined = pd.DataFrame(rows, columns=["lane", "prompt", "ratio", "ratio_lo", "ratio_hi", "comparable", "equal_work"])
+    head = headline(combined, ci=ci)
+    if len(head):
+        head.insert(3, "re_run", head["lane"].map(combined.groupby("lane")["equal_work"].sum()).astype(int))
+    return head
+
+
+def usable_cells(strict: pd.DataFrame, equal: pd.DataFrame) -> pd.DataFrame:
+    """Per lane: cells, usable under the strict guards, usable with equal work, and why the others are not."""
+    ok_equal = set(map(tuple, equal.loc[equal["comparable"], ["lane", "prompt"]].to_numpy())) if len(equal) else set()
+    rows = []
+    for lane, g in strict.groupby("lane", sort=False):
+        rescued = [p for p in g.loc[~g["comparable"], "prompt"] if (lane, p) in ok_equal]
+        why = [f"{r.prompt}: {r.flags}" for r in g.itertuples(index=False)
+               if not r.comparable and r.prompt not in rescued]
+        rows.append({"lane": lane, "cells": len(g), "strict_usable": int(g["comparable"].sum()),
+                     "equal_work_usable": int(g["comparable"].sum()) + len(rescued),
+                     "re_run_usable": ", ".join(rescued), "not_usable": "; ".join(why)})
+    return pd.DataFrame(rows, columns=["lane", "cells", "strict_usable", "equal_work_usable", "re_run_usable",
+                                       "not_usable"])
+
+
+def cost_split_table(data: CrossData) -> pd.DataFrame:
+    """The profiled passes' splits (costsplit.splits_frame rows with their side), the `source` column saying
+    where each figure comes from."""
+    frame = data.cost_split
+    return frame.drop(columns=["kind"]) if "kind" in frame else frame
+
+
 def flagged_reasons(cells: pd.DataFrame) -> str:
     """One block per flagged cell: why it is not comparable (printed under the table)."""
     lines = []
@@ -561,6 +877,20 @@ class CrossResult:
     request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     # per lane x task category (prompts with a `category`): tok/s ratio with its interval, each side's AL
     categories: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per lane: cells usable under the strict guards / with equal work, and why the others are not
+    usable: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # equal work (params equal_work): the re-run cells and the second, labelled headline per lane
+    equal_work_cells: pd.DataFrame = field(default_factory=pd.DataFrame)
+    equal_work_headline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # proposal traces (params traces; a separate untimed pass): derived counts against the counters,
+    # the replay reference, matched anchors between the engines, acceptance on the common prefix
+    trace_agreement: pd.DataFrame = field(default_factory=pd.DataFrame)
+    replay: pd.DataFrame = field(default_factory=pd.DataFrame)
+    matched_anchors: pd.DataFrame = field(default_factory=pd.DataFrame)
+    matched_summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    prefix_acceptance: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per-step cost split per side x lane (params cost_split; a separate profiled pass)
+    cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def report_cells(self) -> pd.DataFrame:
@@ -590,31 +920,75 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
             f"lane {h['lane']}", f"{ours}/{oracle} tok/s {fmt(h['ratio'], 3)}x", None if n > 1 else False,
             rests, report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3)
             + (" (one cell: that cell's own CI)" if n == 1 else "")))
+    for _, h in result.equal_work_headline.iterrows():
+        if not int(h["re_run"]):
+            continue  # no cell re-run: the same figure as the strict headline
+        n, total = int(h["comparable"]), int(h["cells"])
+        if n == 0:
+            continue
+        heads.append(report_view.Headline(
+            f"lane {h['lane']} (equal work)", f"{ours}/{oracle} tok/s {fmt(h['ratio'], 3)}x", None,
+            f"strict cells plus {int(h['re_run'])} diverged cell(s) re-run on their common prefix; {n} of {total} "
+            "cells", report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3)))
     cells = result.cells
     flagged = int((~cells["comparable"]).sum()) if len(cells) else 0
     pins_ok = bool(result.pins["ok"].all()) if len(result.pins) else True
+    evidence = [f"{len(cells)} cells ({len(result.headline)} lanes x prompts), {len(cells) - flagged} comparable, "
+                f"{flagged} flagged", f"{params.warm_repeats} warm repeats per cell",
+                "every pin matched" if pins_ok else "a pin did NOT match"]
+    if len(result.equal_work_headline):
+        evidence.append("usable cells per lane (strict / with equal work): " + ", ".join(
+            f"{u.lane} {u.strict_usable}/{u.equal_work_usable} of {u.cells}" for u in result.usable.itertuples()))
+    elif len(result.usable):
+        evidence.append("usable cells per lane: " + ", ".join(
+            f"{u.lane} {u.strict_usable} of {u.cells}" for u in result.usable.itertuples()))
+    share = cet.identical_share_line(result.matched_summary)
+    if share:
+        evidence.append(share)
     return report_view.Summary(
         question=f"How fast is {ours} against the pinned {oracle} oracle on the same weights, lanes and prompts, "
                  "counting only cells the guards call comparable?",
-        headlines=heads,
-        evidence=[f"{len(cells)} cells ({len(result.headline)} lanes x prompts), {len(cells) - flagged} comparable, "
-                  f"{flagged} flagged", f"{params.warm_repeats} warm repeats per cell",
-                  "every pin matched" if pins_ok else "a pin did NOT match"],
+        headlines=heads, evidence=evidence,
     )
+
+
+def _prompts_for_analysis(params: CrossEngineParams) -> list[PromptSpec]:
+    """Every prompt with its category; the Spec-Bench sample's only where its file can be read here."""
+    from specbook.errors import SpecbookError
+
+    try:
+        return params.all_prompts()
+    except SpecbookError:
+        return list(params.prompts)
 
 
 def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
     bound = params.measurement.max_failed_requests
     cells = cell_table(data, params.guards, ci=params.ci_level, n_boot=params.n_boot, max_failed_requests=bound)
     positions = per_position(data)
+    equal = equal_work_cells(data, params.guards, ci=params.ci_level, max_failed_requests=bound)
+    labels = _labels(data)
+    traced = not data.trace_passes.empty
+    matched = cet.matched_anchor_table(data.trace_steps, data.trace_requests) if traced else pd.DataFrame()
     return CrossResult(
         pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
         headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
         acceptance=acceptance_table(data) if not data.cells.empty else pd.DataFrame(),
         per_position=positions, per_position_table=per_position_table(positions), definition=definition_note(),
-        proposals_note=PROPOSALS_NOTE, request_failures=request_failure_table(data, bound),
+        proposals_note=cet.UNTIMED_NOTE if traced else PROPOSALS_NOTE,
+        request_failures=request_failure_table(data, bound),
+        usable=usable_cells(cells, equal), equal_work_cells=equal,
+        equal_work_headline=equal_work_headline(cells, equal, ci=params.ci_level)
+        if len(equal) or params.equal_work.enabled else pd.DataFrame(),
+        trace_agreement=cet.trace_agreement(data.trace_passes, data.trace_steps) if traced else pd.DataFrame(),
+        replay=cet.replay_table(data.trace_steps, data.trace_reference, data.trace_requests, labels)
+        if traced else pd.DataFrame(),
+        matched_anchors=matched, matched_summary=cet.matched_anchor_summary(matched) if traced else pd.DataFrame(),
+        prefix_acceptance=cet.prefix_acceptance_table(data.trace_steps, data.trace_requests, labels)
+        if traced else pd.DataFrame(),
+        cost_split=cost_split_table(data),
         categories=categories.cross_engine_by_category(
-            cells, data.cells, {p.id: p.category for p in params.prompts if p.category},
+            cells, data.cells, {p.id: p.category for p in _prompts_for_analysis(params) if p.category},
             lambda group: headline(group, ci=params.ci_level, n_boot=params.n_boot)),
     )
 
