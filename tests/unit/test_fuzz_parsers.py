@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from recordnorm import _norm
 
 from specbook.engines.llamacpp import logparse as llama_log
 from specbook.engines.llamacpp import metrics as llamacpp_metrics
@@ -65,17 +66,6 @@ def _lines(path: Path) -> list[bytes]:
     return lines[:-1] if data.endswith(b"\n") else lines
 
 
-def _norm(x):
-    """Comparable form of records: dataclasses as tuples, NaN equal to NaN."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return (type(x).__name__, *(_norm(getattr(x, f.name)) for f in dataclasses.fields(x)))
-    if isinstance(x, (list, tuple)):
-        return tuple(_norm(v) for v in x)
-    if isinstance(x, dict):
-        return tuple(sorted((k, _norm(v)) for k, v in x.items()))
-    if isinstance(x, float) and math.isnan(x):
-        return "nan"
-    return x
 
 
 # --- line material ----------------------------------------------------------------------------------------

