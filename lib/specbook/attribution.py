@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,26 +26,41 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from specbook import secrets
 from specbook.errors import AttributionError
 
+_SHORT_OPTION = re.compile(r"-[A-Za-z][A-Za-z0-9-]*")
 FLAG_SET = True  # value recorded for a flag given without a value (e.g. --enforce-eager)
 
 
 def normalize_flag(flag: str) -> str:
-    """--max_num_seqs and --max-num-seqs are the same flag to vLLM's argument parser."""
+    """--max_num_seqs and --max-num-seqs are the same flag to vLLM's argument parser; a short option (`-b`,
+    llama-server's) stays as it is."""
+    if _SHORT_OPTION.fullmatch(flag):
+        return flag
     if not flag.startswith("--"):
-        raise AttributionError(f"knob arg {flag!r} must be a long option starting with '--'")
+        raise AttributionError(f"knob arg {flag!r} must be an option starting with '--' (or a short '-x')")
     return "--" + flag[2:].replace("_", "-")
 
 
+
+def _is_option(tok: str) -> bool:
+    return bool(_SHORT_OPTION.fullmatch(tok)) or (tok.startswith("--") and len(tok) > 2)
+
+
 def parse_argv_options(argv: Sequence[str]) -> dict[str, Any]:
-    """Long options of an argv as {--flag: value}; `--k v` and `--k=v` both work, a flag without a
-    value maps to True, and the last occurrence wins (as with argparse).
+    """Options of an argv as {flag: value}; `--k v`, `--k=v` and short `-k v` (llama-server's `-md`, `-b`, `-t`)
+    all work, a flag without a value maps to True, and the last occurrence wins (as with argparse).
     """
     out: dict[str, Any] = {}
     i = 0
     argv = list(argv)
     while i < len(argv):
         tok = argv[i]
-        if tok.startswith("--") and len(tok) > 2:
+        if _SHORT_OPTION.fullmatch(tok):
+            if i + 1 < len(argv) and not _is_option(argv[i + 1]):
+                out[tok] = argv[i + 1]
+                i += 1
+            else:
+                out[tok] = FLAG_SET
+        elif tok.startswith("--") and len(tok) > 2:
             if "=" in tok:
                 k, v = tok.split("=", 1)
                 out[normalize_flag(k)] = v

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,6 +78,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "its params.yaml with -p FIELD=VALUE (no -f, no --outputs)")
     if args.resume is None and (args.allow_params_change or args.allow_git_change):
         raise SpecbookError("run: --allow-params-change and --allow-git-change go with --resume")
+    from specbook.executors import ADDRESS_ENV, KIND_ENV
+
+    # where the units run is no part of the params (a run started locally may resume on Ray): the kernel reads
+    # these and the manifest records the cluster used (data/executor.json)
+    if args.executor is not None:
+        os.environ[KIND_ENV] = args.executor
+    if args.ray_address is not None:
+        os.environ[KIND_ENV] = os.environ.get(KIND_ENV) or "ray"
+        os.environ[ADDRESS_ENV] = args.ray_address
     try:
         if args.resume is not None:
             result = resume_experiment(
@@ -247,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: resume although the params differ (recorded in the manifest)")
     p.add_argument("--allow-git-change", action="store_true",
                    help="with --resume: resume with a different git commit (recorded in the manifest)")
+    p.add_argument("--executor", choices=["local", "ray"], default=None,
+                   help="where the units run, over the params' executor.kind: local (one after another) or ray "
+                        "(Ray tasks over the cluster's GPUs)")
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="join this Ray cluster ('auto', 'ray://HEAD:10001'); implies --executor ray")
 
     p = add("list", cmd_list, "list run folders with their status")
     p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")

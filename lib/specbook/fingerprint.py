@@ -1,7 +1,8 @@
-"""Fingerprints of where a run ran: the git checkout, library versions, Python, CPU, GPUs, memory."""
+"""Fingerprints of where a run ran: the git checkout, library versions, Python, CPU, GPUs, CUDA, memory."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbook.digest import sha256_bytes
+from specbook.errors import RunError
 from specbook.manifest import GitInfo
 
 # Distributions whose versions change results; absent ones are recorded as null.
@@ -72,17 +74,33 @@ def git_info(root: str | os.PathLike[str]) -> GitInfo:
 
 
 GIT_SHA_ENV = "SPECBOOK_GIT_SHA"
+GIT_DIRTY_ENV = "SPECBOOK_GIT_DIRTY"
+_DIRTY_WORDS = {"0": False, "false": False, "clean": False, "1": True, "true": True, "dirty": True}
 
 
 def _git_from_env() -> GitInfo:
     """Outside a git checkout (a copy of the tree sent to another host): the commit $SPECBOOK_GIT_SHA names.
 
-    The copy's cleanliness cannot be checked there, so `dirty` stays "unknown".
+    The copy's cleanliness cannot be checked there: `dirty` is what $SPECBOOK_GIT_DIRTY says (0: clean, 1:
+    dirty), set by a sender that ran an export of that very commit (scripts/h200/book.sh runs `git archive
+    SHA`), and "unknown" without it.
     """
     sha = os.environ.get(GIT_SHA_ENV, "").strip()
     if not re.fullmatch(r"[0-9a-f]{7,40}", sha):
         return GitInfo()
-    return GitInfo(sha=sha, short_sha=sha[:7], root=f"${GIT_SHA_ENV} (no git checkout here)")
+    return GitInfo(sha=sha, short_sha=sha[:7], dirty=_dirty_from_env(),
+                   root=f"${GIT_SHA_ENV} (no git checkout here)")
+
+
+def _dirty_from_env() -> bool | str:
+    raw = os.environ.get(GIT_DIRTY_ENV, "").strip()
+    if not raw:
+        return "unknown"
+    try:
+        return _DIRTY_WORDS[raw.lower()]
+    except KeyError:
+        raise RunError(f"${GIT_DIRTY_ENV}={raw!r}: expected 0 (the tree is a clean export of ${GIT_SHA_ENV}) "
+                       "or 1 (it is not)") from None
 
 
 def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str | None]:
@@ -192,6 +210,38 @@ def gpu_fingerprint() -> dict[str, Any]:
     return out
 
 
+def cuda_version_text(code: int) -> str:
+    """CUDA's integer version (1000 x major + 10 x minor, as NVML and cudaDriverGetVersion give it) as "13.0"."""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def nvml_cuda_driver_version() -> str | None:
+    """The newest CUDA the installed driver supports (what nvidia-smi's header shows), through NVML; None
+    without the nvidia-ml-py package or without a driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        return cuda_version_text(pynvml.nvmlSystemGetCudaDriverVersion())
+    except pynvml.NVMLError:
+        return None
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def cuda_fingerprint() -> dict[str, str | None]:
+    """CUDA twice: the driver's (NVML) and the one torch was built for (torch.version.cuda; torch not imported)."""
+    from specbook.engines.base import torch_cuda_version
+
+    return {"driver": nvml_cuda_driver_version(), "torch": torch_cuda_version()}
+
+
 def _memory_total_bytes() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -215,4 +265,5 @@ def hardware_fingerprint() -> dict[str, Any]:
         "memory_total_bytes": _memory_total_bytes(),
         "cpu": cpu_fingerprint(),
         "gpu": gpu_fingerprint(),
+        "cuda": cuda_fingerprint(),
     }

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 # A streamed request that receives no token for this long fails, and its window with it: a hung server
 # costs a minute, not the client's whole-request timeout (600 s) per request.
 STALL_TIMEOUT_S = 60.0
+DEATH_GRACE_S = 2.0  # how long failed requests wait for a dying server's exit status
 
 
 @dataclass
@@ -162,6 +163,12 @@ class Server:
         its log tail), not left to surface as failed requests or a refused /metrics scrape."""
         failed = [r for r in records if r.error is not None]
         ended = self.managed.exit_description()
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while ended is None and failed and time.monotonic() < deadline:
+            # a killed server closes its sockets a moment before its exit status exists: dropped connections
+            # can reach us first
+            time.sleep(0.05)
+            ended = self.managed.exit_description()
         if ended is not None:
             raise ServerDiedError(
                 f"server {self.name!r} (pid {self.managed.pid}) died during the measured window: {ended}; "

@@ -143,6 +143,8 @@ class Manifest(BaseModel):
     engine_versions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
     servers: list[ServerRecord] = Field(default_factory=list)
+    executor: dict[str, Any] = Field(default_factory=dict, description="where the units ran when not in the kernel: "
+                                     "the Ray cluster (nodes with GPUs/CPUs, Ray version, slots; data/executor.json)")
     renders: list[RenderRecord] = Field(default_factory=list)
     report_status: Literal["ok", "failed"] | None = Field(
         None, description="report.html rendered (ok) or not (failed: render_error says why; `specbook render` "

@@ -45,6 +45,9 @@ def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
         row["gpu_driver"] = ", ".join(sorted({g.get("driver_version", "?") for g in gpus}))
         row["gpu_memory"] = ", ".join(sorted({g.get("memory.total", "?") for g in gpus}))
         row["compute_cap"] = ", ".join(sorted({g.get("compute_cap", "?") for g in gpus}))
+    cuda = hardware.get("cuda") or {}  # absent in manifests written before it was fingerprinted
+    if cuda.get("driver") or cuda.get("torch"):
+        row["cuda_driver"], row["cuda_torch"] = cuda.get("driver"), cuda.get("torch")
     return row
 
 

@@ -325,6 +325,12 @@ def _collect_servers(manifest: Manifest, run_dir: Path) -> None:
     manifest.servers = read.records
     manifest.engine_versions = {s.name: s.versions for s in read.records}
     manifest.warnings = [w for w in manifest.warnings if not w.startswith(SERVERS_NAME + ":")] + read.skipped
+    executor = run_dir / "data" / "executor.json"  # the Ray cluster a run's units ran on (specbook.executors)
+    if executor.is_file():
+        try:
+            manifest.executor = json.loads(executor.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            manifest.warnings.append(f"data/executor.json: unreadable, cluster not recorded: {exc}")
 
 
 def _record_report(manifest: Manifest, html: Path | None, render_error: str | None) -> None:

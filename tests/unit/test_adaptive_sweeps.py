@@ -7,7 +7,6 @@ import json
 import shutil
 from pathlib import Path
 
-from specbook.arms import interleaved_schedule
 from specbook.experiments.knob_ab import analysis, collection
 from specbook.experiments.knob_ab.params import KnobABParams
 from specbook.params import load_params
@@ -20,13 +19,6 @@ def _golden_copy(tmp_path: Path) -> RunContext:
     run = tmp_path / "run"
     shutil.copytree(GOLDEN, run)
     return RunContext.from_run_dir(run)
-
-
-def test_a_sweep_ends_at_its_last_arm_in_the_interleaved_order():
-    params = load_params(KnobABParams, "params/knob_ab/cpu-demo.yaml")
-    schedule = interleaved_schedule(params.arms(), 3)
-    ends = [o for o in range(len(schedule)) if collection._sweep_ends(schedule, o)]
-    assert ends == [3, 7, 11]
 
 
 def test_a_look_is_saved_and_a_repeated_look_replaces_itself(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +58,10 @@ def test_speculation_on_a_side_is_refused(tmp_path, demo):
 
 def test_matched_work_option_forces_equal_lengths_in_requests(demo):
     p = ce.CrossEngineParams.model_validate({**demo, "matched_work": True})
-    req = ce.build_request(p, p.prompts[0], repeat=1)
-    assert req.ignore_eos and req.max_tokens == p.max_tokens and req.temperature == 0.0
+    req = ce.build_request(p, p.prompts[0].request(), repeat=1)
+    assert req.ignore_eos and req.max_tokens == p.max_tokens and req.temperature == 0.0 and req.seed is None
     assert req.prompt_id == "yes-loop#1" and req.messages[-1]["content"] == p.prompts[0].text
-    plain = ce.build_request(p, ce.PromptSpec(id="x", text="The capital of France is", chat=False))
+    plain = ce.build_request(p, ce.PromptSpec(id="x", text="The capital of France is", chat=False).request())
     assert plain.prompt == "The capital of France is" and plain.messages is None
 
 
@@ -307,7 +308,7 @@ def test_equal_work_re_runs_diverged_cells_on_their_common_prefix_and_never_loop
     data = _data(_equal_work_cells())
     plan = ce.equal_work_plan(data, params)
     assert list(plan) == ["off"] and [(c.prompt, c.tokens) for c in plan["off"]] == [("parted", 40)]
-    req = equalwork.equal_work_request(ce.build_request(params, params.prompts[1]), plan["off"][0].ours,
+    req = equalwork.equal_work_request(ce.build_request(params, params.prompts[1].request()), plan["off"][0].ours,
                                        plan["off"][0].oracle)
     assert (req.max_tokens, req.ignore_eos) == (40, True)
 
@@ -377,3 +378,137 @@ def test_each_extra_pass_is_its_own_resume_unit_and_old_folders_are_all_timed(tm
     old = RunContext(tmp_path / "old")
     old.save_frame(ce.SERVERS_FRAME, _servers().assign(lane="off", server=["llamacpp-off", "vllm-off"]))
     assert resume.done_units(old, ce.UNITS) == {("ours", "off", "timed"), ("oracle", "off", "timed")}
+
+
+# ------------------------------------------------------------------ prompts drawn through the workload registry
+
+SPEC_BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
+GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+# The demo's sample as the `spec_bench:` block drew it before the registry (commit ff79780, ids `sbN`).
+DEMO_QUESTIONS = [87, 107, 130, 199, 215, 216, 243, 268, 305, 345, 371, 374, 407, 437, 471, 483, 493, 552]
+
+
+@pytest.fixture
+def spec_bench_file() -> Path:
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"SPEC-BENCH DATA ABSENT: {SPEC_BENCH} (the shared Spec-Bench question.jsonl beside the checkout)")
+    return SPEC_BENCH
+
+
+def test_demo_draws_the_same_spec_bench_sample_through_the_registry(spec_bench_file):
+    p = load_params(ce.CrossEngineParams, DEMO)
+    sent = p.selected_prompts()
+    assert [r.prompt_id for r in sent[:6]] == [q.id for q in p.prompts]
+    drawn = sent[6:]
+    assert [r.prompt_id for r in drawn] == [f"spec_bench-{q}" for q in DEMO_QUESTIONS]
+    groups = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert [r.category for r in drawn] == [g for g in groups for _ in range(3)]
+    rows = {r["question_id"]: r for r in map(json.loads, spec_bench_file.read_text().splitlines())}
+    for r in drawn:  # one user turn: the question's first, within max_chars
+        first = rows[int(r.prompt_id.split("-")[1])]["turns"][0]
+        assert r.messages == [{"role": "user", "content": first}] and not r.follow_up and len(first) <= 4000
+    req = ce.build_request(p, drawn[0], repeat=0)
+    assert (req.prompt_id, req.max_tokens, req.seed, req.category) == ("spec_bench-87#0", p.max_tokens, None, "mt_bench")
+    # max_chars matters: without it the summarization draw picks among longer questions too
+    wider = load_params(ce.CrossEngineParams, DEMO, ["workload.max_chars=null"]).selected_prompts()[6:]
+    assert [r.prompt_id for r in wider if r.category == "summarization"] != [
+        r.prompt_id for r in drawn if r.category == "summarization"]
+
+
+def test_num_prompts_within_the_fixed_list_never_reads_the_workload(tmp_path, demo):
+    demo["workload"]["path"] = str(tmp_path / "missing.jsonl")
+    p = ce.CrossEngineParams.model_validate({**demo, "num_prompts": 2})
+    assert [r.prompt_id for r in p.selected_prompts()] == ["yes-loop", "capital"]
+    with pytest.raises(ParamsError, match=r"workload.path: .*missing.jsonl.* cannot be read"):
+        ce.CrossEngineParams.model_validate({**demo, "num_prompts": 7}).selected_prompts()
+
+
+def test_the_deprecated_spec_bench_block_is_read_as_the_same_workload(tmp_path, demo, spec_bench_file):
+    old = {k: v for k, v in demo.items() if k != "workload"}
+    old["spec_bench"] = {"path": demo["workload"]["path"], "per_category": 3}  # seed 0, max_chars 4000 by default
+    with pytest.warns(FutureWarning, match=r"`spec_bench:` is deprecated .* write `workload: \{dataset: spec_bench"):
+        p = load_params(ce.CrossEngineParams, _write(tmp_path, old))
+    assert p.workload == load_params(ce.CrossEngineParams, DEMO).workload
+    assert ce.CrossEngineParams.model_validate({**demo, "spec_bench": None}).workload == p.workload  # dumped then
+    assert [r.prompt_id for r in p.selected_prompts()[6:]] == [f"spec_bench-{q}" for q in DEMO_QUESTIONS]
+    with pytest.raises(ParamsError, match="spec_bench and workload are both given"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, {**demo, "spec_bench": old["spec_bench"]}))
+    with pytest.raises(ParamsError, match=r"spec_bench: unknown field\(s\) \['turns'\]"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, {**old, "spec_bench": {"path": "x", "turns": 2}}))
+
+
+def test_a_second_turn_and_fields_cross_engine_sets_itself_are_refused_naming_the_field(tmp_path, demo):
+    demo["workload"]["turns"] = 2
+    with pytest.raises(ParamsError, match=r"workload.turns is 2: cross_engine sends every prompt as one turn.*turns: 1"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, demo))
+    demo["workload"].update(turns=1, max_tokens=64, concurrency=8)
+    with pytest.raises(ParamsError, match=r"workload.max_tokens \(64; here: the top-level max_tokens\), "
+                                          r"workload.concurrency \(8; here: one request at a time\)"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, demo))
+
+
+def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_jsonl_workload_appends_its_prompts_with_their_categories(tmp_path, demo):
+    from specbook.errors import WorkloadError
+
+    path = _jsonl(tmp_path, [{"q": "Sort [3, 1, 2] in Python.", "kind": "code", "id": "c1"},
+                             {"q": "Say hi.", "kind": "chat", "id": "h1"},
+                             {"q": "Reverse a string in C.", "kind": "code", "id": "c2"}])
+    demo["workload"] = {"dataset": "jsonl", "path": str(path), "prompt_field": "q", "category_field": "kind",
+                        "id_field": "id"}
+    p = ce.CrossEngineParams.model_validate(demo)
+    drawn = p.selected_prompts()[6:]
+    assert [(r.prompt_id, r.category) for r in drawn] == [("c1", "code"), ("c2", "code"), ("h1", "chat")]
+    assert drawn[0].messages == [{"role": "user", "content": "Sort [3, 1, 2] in Python."}]
+    # a user's multi-turn row is refused (one turn per prompt), naming it
+    _jsonl(tmp_path, [{"q": ["Hi.", "And again?"], "kind": "chat", "id": "h2"}])
+    with pytest.raises(WorkloadError, match=r"1 drawn prompt\(s\) have follow-up turns \(h2\).*one turn"):
+        p.selected_prompts()
+    _jsonl(tmp_path, [{"q": "Paris?", "kind": "chat", "id": "capital"}])  # an id of the fixed list
+    with pytest.raises(WorkloadError, match=r"drawn prompt ids \['capital'\] repeat ids of `prompts`"):
+        p.selected_prompts()
+
+
+def test_a_gsm8k_workload_keeps_its_few_shot_chat(demo):
+    if not (GSM8K / "test.jsonl").is_file():
+        pytest.skip(f"GSM8K DATA ABSENT: {GSM8K} (the shared GSM8K copy beside the checkout)")
+    demo["workload"] = {"dataset": "gsm8k", "test_path": str(GSM8K / "test.jsonl"),
+                        "train_path": str(GSM8K / "train.jsonl"), "subset": 2, "shots": 2}
+    p = ce.CrossEngineParams.model_validate(demo)
+    drawn = p.selected_prompts()[6:]
+    assert len(drawn) == 2 and {r.category for r in drawn} == {"gsm8k"}
+    req = ce.build_request(p, drawn[0], repeat=1)
+    assert [m["role"] for m in req.messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert req.max_tokens == p.max_tokens and req.seed is None and req.prompt_id.endswith("#1")
+
+
+def test_categories_come_from_the_requests_and_the_note_says_what_was_drawn(demo):
+    text = _prose(64, 7)
+    cells = {(lane, prompt, s): (text, 50.0 + 10 * (s == "ours") + i)
+             for i, prompt in enumerate(("capital", "spec_bench-87", "spec_bench-107", "spec_bench-199"))
+             for lane in ("off", "ngram") for s in ("ours", "oracle")}
+    data = _data(cells)
+    recorded = {"spec_bench-87": "mt_bench", "spec_bench-107": "mt_bench", "spec_bench-199": "translation"}
+    data.requests["category"] = data.requests["prompt"].map(recorded)  # as the records carry it; None elsewhere
+    data.workload = {"workload": "spec_bench", "source": "q.jsonl", "seed": 0, "per_category": 3, "max_chars": 4000}
+    # params whose workload file is not here: the categories still come from the run's own requests
+    demo["workload"]["path"] = "/nonexistent/question.jsonl"
+    params = ce.CrossEngineParams.model_validate({**demo, "n_boot": 200})
+    assert ce.category_of(data, params) == recorded
+    result = ce.analyze(data, params)
+    table = result.categories.set_index(["lane", "category"])
+    assert sorted(table.index) == sorted((lane, c) for lane in ("off", "ngram") for c in ("mt_bench", "translation"))
+    assert table.loc[("ngram", "mt_bench"), "cells_in_category"] == 2
+    assert table.loc[("ngram", "mt_bench"), "ours_al"] == pytest.approx(2.5)
+    assert result.prompts_note.startswith("4 prompts: 1 from the params' `prompts` list, 3 drawn by the "
+                                          "`spec_bench` workload (q.jsonl; seed 0, per_category 3, max_chars 4000)")
+    assert "sent as one turn (MT-Bench questions: their first turn)" in result.prompts_note
+    # a run saved before requests carried their category: the params' fixed prompts still give theirs
+    old = _data({("off", "hello-loop", s): (text, 50.0) for s in ("ours", "oracle")})
+    assert ce.category_of(old, params) == {"hello-loop": "loop-trap", "letter-loop": "loop-trap",
+                                           "count-up": "counting"}

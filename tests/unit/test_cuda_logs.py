@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from specbook.engines.vllm.logparse import parse_log
-from specbook.engines.vllm.startup import SAME_AS_TARGET, log_startup_facts
+from specbook.engines.vllm.startup import (
+    SAME_AS_TARGET,
+    SAME_REQUEST_AS_TARGET,
+    log_startup_facts,
+    startup_facts,
+)
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 BASELINE = LOGS / "vllm-cuda-0.26-h200-draft-model.log"
@@ -54,6 +59,21 @@ def test_attention_backend_flag_reaches_the_target_but_not_the_draft():
     assert (facts["attention_backend_target"], facts["attention_backend_target_selected_by"]) == ("TRITON_ATTN",
                                                                                                   "requested")
     assert (facts["attention_backend_draft"], facts["attention_backend_draft_selected_by"]) == ("FLASH_ATTN", "auto")
+
+
+def test_a_draft_requesting_the_targets_backend_is_recorded_as_that_request():
+    """speculative_config.attention_backend = the target's: vLLM's cached selector logs no draft line. These are
+    the TRITON log's verbatim lines less the draft's own auto line (what that cache leaves); the log of the first
+    such run on a GPU (knob A/B h200-attention-backend-both.yaml) is to replace them."""
+    lines = TRITON.read_text(encoding="utf-8").splitlines(keepends=True)
+    drafter = next(i for i, ln in enumerate(lines) if "Loading drafter model..." in ln)
+    auto = next(i for i, ln in enumerate(lines) if i > drafter and "attention backend out of potential" in ln)
+    facts = startup_facts(lines[:auto] + lines[auto + 1:])
+    assert (facts["attention_backend_target"], facts["attention_backend_target_selected_by"]) == ("TRITON_ATTN",
+                                                                                                  "requested")
+    assert (facts["attention_backend_draft"], facts["attention_backend_draft_selected_by"]) == (
+        "TRITON_ATTN", SAME_REQUEST_AS_TARGET)
+    assert facts["attention_backends"] == ["TRITON_ATTN"]
 
 
 def test_ngram_has_no_draft_model_and_no_draft_backend():

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from specbook.engines.base import torch_cuda_version
+from specbook.errors import RunError
 from specbook.fingerprint import (
+    GIT_DIRTY_ENV,
     GIT_SHA_ENV,
     cpu_fingerprint,
+    cuda_version_text,
     git_info,
     hardware_fingerprint,
     library_versions,
+    nvml_cuda_driver_version,
     parse_lscpu,
     parse_nvidia_smi_csv,
 )
@@ -81,6 +89,36 @@ def test_git_outside_a_repo_takes_the_commit_the_sender_names(tmp_path, monkeypa
     assert (info.sha, info.short_sha, info.dirty) == ("9e589a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a", "9e589a0", "unknown")
     monkeypatch.setenv(GIT_SHA_ENV, "not a sha; rm -rf")
     assert git_info(tmp_path).sha == "unknown"
+
+
+def test_git_outside_a_repo_takes_the_dirty_flag_the_sender_vouches_for(tmp_path, monkeypatch):
+    """scripts/h200/book.sh runs a `git archive` export of the commit it names: it says the copy is clean."""
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    monkeypatch.setenv(GIT_SHA_ENV, "9e589a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a")
+    for raw, dirty in (("0", False), ("clean", False), ("False", False), ("1", True), ("dirty", True), ("", "unknown")):
+        monkeypatch.setenv(GIT_DIRTY_ENV, raw)
+        assert git_info(tmp_path).dirty == dirty, raw
+    monkeypatch.setenv(GIT_DIRTY_ENV, "nope")
+    with pytest.raises(RunError, match=r"SPECBOOK_GIT_DIRTY='nope'.*0.*1"):
+        git_info(tmp_path)
+    monkeypatch.delenv(GIT_SHA_ENV)  # no commit named: the flag alone says nothing
+    monkeypatch.setenv(GIT_DIRTY_ENV, "0")
+    assert git_info(tmp_path) == GitInfo()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_the_dirty_flag_from_env_never_overrides_a_real_checkout(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "a.txt").write_text("one\n")
+    _git(repo, "add", "a.txt")
+    _git(repo, "commit", "-q", "-m", "first")
+    (repo / "a.txt").write_text("two\n")
+    monkeypatch.setenv(GIT_SHA_ENV, "9e589a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a")
+    monkeypatch.setenv(GIT_DIRTY_ENV, "0")
+    info = git_info(repo)
+    assert info.sha == _git(repo, "rev-parse", "HEAD") and info.dirty is True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,8 +232,39 @@ def test_parse_nvidia_smi_csv():
     assert short == [{"name": "NVIDIA H200", "driver_version": "580.159.04", "memory.total": "143771 MiB"}]
 
 
+def test_cuda_version_text_decodes_nvml_integers():
+    # 1000 x major + 10 x minor: driver 580.159.04 (the H200 hosts) reports 13000
+    assert [cuda_version_text(v) for v in (13000, 12080, 12040, 11020)] == ["13.0", "12.8", "12.4", "11.2"]
+
+
+def test_nvml_cuda_driver_version_initialises_and_shuts_nvml_down(monkeypatch):
+    class NVMLError(Exception):
+        pass
+
+    calls = []
+
+    def fail():
+        raise NVMLError("Driver Not Loaded")
+
+    nvml = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=lambda: calls.append("init"),
+                                 nvmlShutdown=lambda: calls.append("shutdown"),
+                                 nvmlSystemGetCudaDriverVersion=lambda: 13000)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert nvml_cuda_driver_version() == "13.0" and calls == ["init", "shutdown"]
+    nvml.nvmlSystemGetCudaDriverVersion = fail
+    assert nvml_cuda_driver_version() is None and calls[-1] == "shutdown"
+    nvml.nvmlInit = fail  # no driver: None, and no shutdown of what never started
+    calls.clear()
+    assert nvml_cuda_driver_version() is None and calls == []
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    assert nvml_cuda_driver_version() is None
+
+
 def test_hardware_fingerprint_fields():
     hw = hardware_fingerprint()
+    assert hw["cuda"]["torch"] == torch_cuda_version()
+    if importlib.util.find_spec("pynvml") is None:
+        assert hw["cuda"]["driver"] is None
     assert hw["hostname"] and hw["kernel"] == os.uname().release
     assert hw["memory_total_bytes"] > 0
     assert hw["cpu"]["threads"] == os.cpu_count()

@@ -33,6 +33,9 @@ def test_host_summary_of_an_h200_host_fingerprint():
     assert (row["gpu"], row["gpu_driver"], row["gpu_memory"], row["compute_cap"]) == (
         "NVIDIA H200", "580.159.04", "143771 MiB", "9.0")
     assert (row["gpus"], row["cpu_threads"], row["cpu_affinity"], row["memory_gib"]) == (1, 16, 16, 128.0)
+    assert "cuda_driver" not in row  # a manifest written before CUDA was fingerprinted
+    row = host_summary({**hardware, "cuda": {"driver": "13.0", "torch": "13.0"}})
+    assert (row["cuda_driver"], row["cuda_torch"]) == ("13.0", "13.0")
 
 
 def test_host_summary_of_a_host_without_gpus():

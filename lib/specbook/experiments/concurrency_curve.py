@@ -6,7 +6,8 @@ order drawn per sweep (the same order for every arm of that sweep, so arms meet 
 drift). Intervals are across sweeps: a level's figure per arm is the mean of its sweeps' windows.
 
 Unit of work: one (sweep, arm) server; its level rows, requests and log intervals are appended when
-it ends, so a failure later loses nothing measured before it.
+it ends, so a failure later loses nothing measured before it (`specbook run --resume` re-runs the rest). Units
+run through `specbook.executors`: one after another, or as Ray tasks over a cluster's GPUs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,19 +23,23 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specbook import secrets
+from specbook import resume, secrets
 from specbook.acceptance import Acceptance
 from specbook.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
 from specbook.engines.base import EngineConfig
 from specbook.errors import RunError
-from specbook.experiments.knob_ab.params import WorkloadParams, resolve_path
+from specbook.executors import ExecutorParams
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.params import ExperimentParams, load_params
+from specbook.workloads.params import WorkloadParams
 
 LEVELS = "levels"  # one row per (sweep, arm, level) window
 REQUESTS = "requests"  # one row per request
 INTERVALS = "intervals"  # one row per engine log interval, tagged with its level window
 COUNTER = "counter_"  # prefix of a window's counter-delta counts (the acceptance model's columns)
+# A unit of work is one (sweep, arm) server; its level rows (appended last) say it finished.
+UNITS = resume.register_units("concurrency_curve", resume.Units(
+    done_frame=LEVELS, key=("run_id",), frames=(LEVELS, REQUESTS, INTERVALS), server="run_id"))
 
 
 class CurveMeasurement(BaseModel):
@@ -66,6 +72,8 @@ class ConcurrencyCurveParams(ExperimentParams):
     order_seed: int = Field(0, description="seed of each sweep's random level order (seed + sweep)")
     workload: WorkloadParams
     measurement: CurveMeasurement = Field(default_factory=CurveMeasurement)
+    executor: ExecutorParams = Field(default_factory=ExecutorParams, description="where the runs execute: local "
+                                     "(one after another) or ray (as Ray tasks over the cluster's GPUs)")
 
     @field_validator("levels")
     @classmethod
@@ -140,10 +148,10 @@ def level_row(window: Any, level: int) -> dict[str, Any]:
     }
 
 
-def _requests(params: ConcurrencyCurveParams, workload: Any, gsm8k: Any, level: int, sweep: int) -> list[Any]:
-    """The first n requests of the sweep's question draw, ids tagged with the level (ids stay unique)."""
+def _requests(params: ConcurrencyCurveParams, draw: Any, level: int) -> list[Any]:
+    """The first n requests of the sweep's workload draw (cycled), ids tagged with the level (ids stay unique)."""
     n = params.requests_at(level)
-    base = gsm8k.make_requests(workload, max_tokens=params.workload.max_tokens, seed=params.workload.request_seed)
+    base = draw.requests
     if not base:
         raise RunError("workload: no requests drawn")
     picked = [base[i % len(base)] for i in range(n)]
@@ -151,44 +159,62 @@ def _requests(params: ConcurrencyCurveParams, workload: Any, gsm8k: Any, level: 
 
 
 def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
-    from specbook import harness
-    from specbook.workloads import get_workload
+    from specbook import executors, progress, resume
+    from specbook.workloads import draw_workload
 
     w = params.workload
-    gsm8k = get_workload(w.dataset)
-    test_path, train_path = resolve_path(w.test_path), resolve_path(w.train_path)
-    draws = {s: gsm8k.load_gsm8k(test_path, train_path, n=w.subset, seed=w.subset_seed(s), num_shots=w.shots)
-             for s in range(params.sweeps)}
+    draws = {s: draw_workload(w, w.subset_seed(s)) for s in range(params.sweeps)}
     ctx.save_json("workload", {str(w.subset_seed(s)): d.selection for s, d in draws.items()})
     arms = params.arms()
     ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))
     m = params.measurement
     flush = 2.5 * m.log_stats_interval_s if m.flush_wait_s is None else m.flush_wait_s
+    done = resume.done_units(ctx, UNITS)
+    units = []
     for order, (sweep, arm) in enumerate(interleaved_schedule(arms, params.sweeps)):
         run_id = run_name(order, sweep, arm)
-        rows, requests, intervals = [], [], []
-        with harness.serve(arm_config(arm, params), ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
-            if m.warmup_requests:
-                server.send(_requests(params, draws[sweep], gsm8k, 1, sweep)[: m.warmup_requests])
-            for level_order, level in enumerate(params.level_order(sweep)):
-                window = server.measure(_requests(params, draws[sweep], gsm8k, level, sweep), concurrency=level,
-                                        flush_wait_s=flush)
-                wid = window_id(run_id, level)
-                rows.append({"window_id": wid, "run_id": run_id, "order": order, "sweep": sweep, "arm": arm.name,
-                             "level": level, "level_order": level_order, **level_row(window, level),
-                             "versions": json.dumps(server.versions)})
-                rf = window.requests_frame()
-                rf.insert(0, "window_id", wid)
-                rf.insert(1, "level", level)
-                requests.append(rf)
-                iv = window.log_intervals()
-                iv.insert(0, "window_id", wid)
-                iv.insert(1, "level", level)
-                intervals.append(iv)
-        ctx.append_frame(REQUESTS, pd.concat(requests, ignore_index=True))
-        ctx.append_frame(INTERVALS, pd.concat(intervals, ignore_index=True))
-        ctx.append_frame(LEVELS, pd.DataFrame(rows))
+        if (run_id,) in done:
+            progress.note(f"curve run {run_id} already done (resumed run), skipped")
+            continue
+        units.append(executors.Unit(
+            key=run_id, label=f"{run_id} (sweep {sweep}, arm {arm.name})", arm=arm.name, sweep=sweep,
+            call=partial(run_one, params=params, run_id=run_id, order=order, sweep=sweep, arm=arm,
+                         draw=draws[sweep], flush_wait_s=flush)))
+    executors.run_units(units, ctx, params.executor, done_frame=LEVELS, what="curve run",
+                        gpus_hint=executors.tensor_parallel_size(params.engine.extra_args))
     return load(ctx)
+
+
+def run_one(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, order: int, sweep: int, arm: Arm, draw: Any,
+            flush_wait_s: float) -> None:
+    """One (sweep, arm) server and its level windows; rows appended when it ends (the level rows, its done rows,
+    last). Executors call this in the kernel (local) or in a Ray task against a staging folder."""
+    from specbook import executors, harness
+
+    m = params.measurement
+    rows, requests, intervals = [], [], []
+    where = executors.placement_columns()
+    with harness.serve(arm_config(arm, params), ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
+        if m.warmup_requests:
+            server.send(_requests(params, draw, 1)[: m.warmup_requests])
+        for level_order, level in enumerate(params.level_order(sweep)):
+            window = server.measure(_requests(params, draw, level), concurrency=level, flush_wait_s=flush_wait_s)
+            wid = window_id(run_id, level)
+            rows.append({"window_id": wid, "run_id": run_id, "order": order, "sweep": sweep, "arm": arm.name,
+                         "level": level, "level_order": level_order, **level_row(window, level),
+                         "versions": json.dumps(server.versions), **where})
+            rf = window.requests_frame()
+            rf.insert(0, "window_id", wid)
+            rf.insert(1, "level", level)
+            requests.append(rf)
+            iv = window.log_intervals()
+            iv.insert(0, "window_id", wid)
+            iv.insert(1, "level", level)
+            intervals.append(iv)
+    for frame, name in ((requests, REQUESTS), (intervals, INTERVALS)):
+        frame = [f.assign(run_id=run_id) if "run_id" not in f else f for f in frame]
+        ctx.append_frame(name, pd.concat(frame, ignore_index=True))
+    ctx.append_frame(LEVELS, pd.DataFrame(rows))
 
 
 def load(ctx: Any) -> CurveData:

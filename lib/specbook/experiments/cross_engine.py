@@ -6,6 +6,11 @@ lane (speculation off / a speculative_config with the same draft and k) on both 
 max concurrent sequences, greedy decoding, the same prompts and max_tokens; chat prompts are
 templated by each server from the same template (the prompt-length guard checks they agree).
 
+Prompts: the fixed `prompts` list, then the requests a `workload` (the registry: spec_bench, jsonl, gsm8k)
+draws, each with its category. Every prompt is sent as one turn: a conversation's second turn would carry
+each engine's own first answer, so the two sides would no longer get the same prompt (a drawn request with
+a follow-up turn is refused; Spec-Bench's MT-Bench questions go as their first turn, `turns: 1`).
+
 Per lane x side: one fresh server. Per prompt on it: one cold request (not timed; its raw response,
 with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
 a second snapshot. Warm tok/s = completion_tokens / whole-request wall time. AL per cell comes
@@ -19,9 +24,10 @@ timed requests (logprobs / token-id options change what the server does per toke
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -42,6 +48,11 @@ from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.guards import GuardThresholds, GuardVerdict, SideOutputs, guard_cell
 from specbook.params import ExperimentParams
 from specbook.request_failures import RequestMeasurement
+from specbook.workloads.params import WorkloadParams
+
+if TYPE_CHECKING:
+    from specbook.client import ChatRequest
+    from specbook.workloads import WorkloadDraw
 
 SIDES = ("ours", "oracle")
 OFF_LANE = "off"
@@ -52,6 +63,7 @@ SERVERS_FRAME = "servers"
 PINS_JSON = "pins"
 COLD_JSON = "cold_responses"
 WEIGHTS_JSON = "weights"
+WORKLOAD_JSON = "workload"  # the workload draw's selection record (source, sha256, seed, ids); absent without one
 EQUAL_WORK_FRAME = "equal_work_requests"
 COST_SPLIT_FRAME = "cost_split"
 # A unit of work is one side x lane x kind server: kind "timed" (all its prompt cells), "trace" (the untimed
@@ -103,31 +115,38 @@ class PromptSpec(BaseModel):
     system: str | None = None
     category: str | None = Field(None, description="task category (e.g. a Spec-Bench group): ratio and AL per category")
 
+    def request(self) -> ChatRequest:
+        """This prompt as a request template (build_request sets the experiment's decoding on it)."""
+        from specbook.client import ChatRequest
 
-class SpecBenchSample(BaseModel):
-    """A stratified sample of Spec-Bench's question.jsonl (first turns), appended to `prompts`."""
+        if not self.chat:
+            return ChatRequest(prompt_id=self.id, prompt=self.text, category=self.category)
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages.append({"role": "user", "content": self.text})
+        return ChatRequest(prompt_id=self.id, messages=messages, category=self.category)
 
-    model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(description="Spec-Bench question.jsonl, relative to the project root or absolute")
-    per_category: int = Field(3, ge=1, description="questions drawn per task group (six groups)")
-    seed: int = 0
-    max_chars: int = Field(4000, ge=1, description="only questions this short (the context must hold them)")
+# Workload fields cross_engine sets itself for every prompt (fixed or drawn): left at their defaults.
+_WORKLOAD_FIELDS_SET_HERE = {
+    "max_tokens": "the top-level max_tokens", "concurrency": "one request at a time",
+    "request_seed": "greedy, no seed (as the fixed prompts)", "resample_per_sweep": "one draw per run",
+}
+SPEC_BENCH_DEPRECATED = (
+    "params `spec_bench:` is deprecated (read as `workload:`): write `workload: {dataset: spec_bench, path: ..., "
+    "per_category: N, seed: S, max_chars: M, turns: 1}` instead"
+)
 
-    def prompts(self) -> list[PromptSpec]:
-        from specbook.workloads import resolve_input
-        from specbook.workloads.base import read_jsonl, stratified_sample
-        from specbook.workloads.params import SPEC_BENCH_GROUPS
-        from specbook.workloads.spec_bench import group_of
 
-        path = resolve_input("spec_bench.path", self.path)
-        assert path is not None
-        rows, _ = read_jsonl(path, "spec_bench.path")
-        rows = [r for r in rows if r.get("turns") and len(str(r["turns"][0])) <= self.max_chars]
-        picked = stratified_sample(rows, lambda r: group_of(str(r.get("category"))) or "", SPEC_BENCH_GROUPS,
-                                   self.per_category, self.seed, "spec_bench")
-        return [PromptSpec(id=f"sb{r['question_id']}", text=str(r["turns"][0]),
-                           category=group_of(str(r["category"]))) for r in picked]
+def _spec_bench_as_workload(block: Any) -> dict[str, Any]:
+    """The deprecated `spec_bench:` block (path, per_category, seed, max_chars: first turns) as a `workload:`."""
+    if not isinstance(block, dict):
+        raise ValueError(f"spec_bench: expected a mapping, got {block!r}; {SPEC_BENCH_DEPRECATED}")
+    unknown = sorted(set(block) - {"path", "per_category", "seed", "max_chars"})
+    if unknown:
+        raise ValueError(f"spec_bench: unknown field(s) {unknown}; {SPEC_BENCH_DEPRECATED}")
+    # the old block's defaults (per_category 3, seed 0, max_chars 4000): the same draw as before
+    return {"dataset": "spec_bench", "path": block.get("path"), "per_category": block.get("per_category", 3),
+            "seed": block.get("seed", 0), "max_chars": block.get("max_chars", 4000), "turns": 1}
 
 
 class TracesSpec(BaseModel):
@@ -176,10 +195,43 @@ class CrossEngineParams(ExperimentParams):
     n_boot: int = Field(2000, ge=100)
     measurement: RequestMeasurement = Field(default_factory=RequestMeasurement,
                                             description="max_failed_requests: per lane x prompt cell, both sides")
-    spec_bench: SpecBenchSample | None = Field(None, description="Spec-Bench questions appended to prompts")
+    workload: WorkloadParams | None = Field(
+        None, description="requests drawn from the workload registry (spec_bench, jsonl, gsm8k; with their "
+        "categories), appended to `prompts`; one turn each (spec_bench: turns: 1)")
     traces: TracesSpec = Field(default_factory=TracesSpec)
     equal_work: EqualWorkSpec = Field(default_factory=EqualWorkSpec)
     cost_split: CostSplitSpec = Field(default_factory=CostSplitSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_spec_bench(cls, data: Any) -> Any:
+        """Params files written before the workload registry: `spec_bench:` is read as `workload:`."""
+        if not isinstance(data, dict) or "spec_bench" not in data:
+            return data
+        if data["spec_bench"] is None:  # run folders' params.yaml of that time hold `spec_bench: null`
+            return {k: v for k, v in data.items() if k != "spec_bench"}
+        if data.get("workload") is not None:
+            raise ValueError("spec_bench and workload are both given: keep `workload:` only "
+                             "(`spec_bench:` is its deprecated spelling)")
+        workload = _spec_bench_as_workload(data["spec_bench"])
+        warnings.warn(SPEC_BENCH_DEPRECATED, FutureWarning, stacklevel=2)
+        return {**{k: v for k, v in data.items() if k != "spec_bench"}, "workload": workload}
+
+    @model_validator(mode="after")
+    def _workload_sends_single_turns(self) -> CrossEngineParams:
+        w = self.workload
+        if w is None:
+            return self
+        if getattr(w, "turns", 1) != 1:
+            raise ValueError(
+                f"workload.turns is {w.turns}: cross_engine sends every prompt as one turn (a second turn would "
+                "carry each engine's own first answer, so the sides would not get the same prompt); write turns: 1")
+        defaults = type(w).model_fields
+        changed = [f"workload.{k} ({getattr(w, k)!r}; here: {how})" for k, how in _WORKLOAD_FIELDS_SET_HERE.items()
+                   if getattr(w, k) != defaults[k].default]
+        if changed:
+            raise ValueError(f"{', '.join(changed)}: cross_engine sets these itself for every prompt; leave them out")
+        return self
 
     @model_validator(mode="after")
     def _matched_work(self) -> CrossEngineParams:
@@ -212,13 +264,45 @@ class CrossEngineParams(ExperimentParams):
             raise ValueError(f"cost_split.lanes: {unknown} are not lanes of this run ({names})")
         return self
 
-    def all_prompts(self) -> list[PromptSpec]:
-        """`prompts`, then the Spec-Bench sample (read from its file)."""
-        return [*self.prompts, *(self.spec_bench.prompts() if self.spec_bench else [])]
+    def draws_workload(self) -> bool:
+        """Whether the run sends drawn prompts: a workload, and num_prompts unset or beyond the fixed list."""
+        return self.workload is not None and not (self.num_prompts and self.num_prompts <= len(self.prompts))
 
-    def selected_prompts(self) -> list[PromptSpec]:
-        prompts = self.prompts if self.num_prompts and self.num_prompts <= len(self.prompts) else self.all_prompts()
-        return prompts[: self.num_prompts] if self.num_prompts else list(prompts)
+    def draw(self) -> WorkloadDraw | None:
+        """The workload's draw (its file read now; None without a workload); a follow-up turn is refused."""
+        from specbook.errors import WorkloadError
+        from specbook.workloads import draw_workload
+
+        if self.workload is None:
+            return None
+        drawn = draw_workload(self.workload, self.workload.seed)
+        multi = [r.prompt_id for r in drawn.requests if r.follow_up]
+        if multi:
+            raise WorkloadError(
+                f"workload ({drawn.name}): {len(multi)} drawn prompt(s) have follow-up turns ({', '.join(multi[:3])}"
+                f"{', ...' if len(multi) > 3 else ''}); cross_engine sends every prompt as one turn: give single-turn "
+                "prompts (jsonl: a string in workload.prompt_field)")
+        return drawn
+
+    def all_prompts(self, drawn: WorkloadDraw | None = None) -> list[ChatRequest]:
+        """Request templates: `prompts`, then the workload's draw (`drawn`, or drawn now); ids must be distinct."""
+        from specbook.errors import WorkloadError
+
+        drawn = drawn if drawn is not None else self.draw()
+        out = [p.request() for p in self.prompts] + (list(drawn.requests) if drawn else [])
+        ids = [r.prompt_id for r in out]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise WorkloadError(f"workload: drawn prompt ids {dup[:5]} repeat ids of `prompts`; rename those prompts")
+        return out
+
+    def selected_prompts(self, drawn: WorkloadDraw | None = None) -> list[ChatRequest]:
+        """The request templates this run sends: every prompt, or the first `num_prompts` (the workload is
+        drawn only when `prompts` alone has fewer)."""
+        if not self.draws_workload():
+            return [p.request() for p in self.prompts[: self.num_prompts]]
+        prompts = self.all_prompts(drawn)
+        return prompts[: self.num_prompts] if self.num_prompts else prompts
 
     def side(self, which: str) -> SideSpec:
         return self.ours if which == "ours" else self.oracle
@@ -236,16 +320,12 @@ def lane_config(side: SideSpec, lane: LaneSpec) -> EngineConfig:
     return side.engine.model_copy(update={"speculative_config": lane.speculative_config})
 
 
-def build_request(params: CrossEngineParams, prompt: PromptSpec, *, repeat: int | None = None) -> Any:
-    from specbook.client import ChatRequest
-
-    pid = prompt.id if repeat is None else f"{prompt.id}#{repeat}"
-    common = {"prompt_id": pid, "max_tokens": params.max_tokens, "temperature": 0.0, "ignore_eos": params.matched_work}
-    if prompt.chat:
-        messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
-        messages.append({"role": "user", "content": prompt.text})
-        return ChatRequest(messages=messages, **common)
-    return ChatRequest(prompt=prompt.text, **common)
+def build_request(params: CrossEngineParams, prompt: ChatRequest, *, repeat: int | None = None) -> ChatRequest:
+    """One request of a prompt (a template from selected_prompts): greedy, no seed, params' max_tokens and
+    matched_work; the repeat number tags its id."""
+    pid = prompt.prompt_id if repeat is None else f"{prompt.prompt_id}#{repeat}"
+    return prompt.model_copy(update={"prompt_id": pid, "max_tokens": params.max_tokens, "temperature": 0.0,
+                                     "seed": None, "ignore_eos": params.matched_work})
 
 
 def check_all_pins(params: CrossEngineParams) -> dict[str, Any]:
@@ -290,6 +370,7 @@ class CrossData:
     pins: dict[str, Any] = field(default_factory=dict)
     cold: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)  # the workload draw's selection record; {} without one
     # optional passes (params traces / cost_split / equal_work); empty in runs without them
     trace_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     trace_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -330,7 +411,10 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     weights = _weights_proof(params)
     ctx.save_json(WEIGHTS_JSON, weights)
     tokenizer = load_tokenizer(params)
-    prompts = params.selected_prompts()
+    drawn = params.draw() if params.draws_workload() else None
+    if drawn is not None:
+        ctx.save_json(WORKLOAD_JSON, drawn.selection)
+    prompts = params.selected_prompts(drawn)
 
     done = resume.done_units(ctx, UNITS)
     saved_cold = ctx.load_json(COLD_JSON) if done and (Path(ctx.data_dir) / f"{COLD_JSON}.json").exists() else []
@@ -344,11 +428,11 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
                 _timed_unit(params, ctx, which, lane, prompts, tokenizer, cold, units)
             _extra_passes(params, ctx, which, lane, prompts, done, units)
     if params.equal_work.enabled:
-        _equal_work(params, ctx, tokenizer, done, units)
+        _equal_work(params, ctx, prompts, tokenizer, done, units)
     return load(ctx)
 
 
-def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[PromptSpec],
+def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[ChatRequest],
                 tokenizer: Any, cold: list[dict[str, Any]], units: Any) -> None:
     """One side x lane's timed server: per prompt a cold request, then the warm repeats as one window."""
     from specbook import harness
@@ -362,11 +446,11 @@ def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec,
     with harness.serve(cfg, ctx, label, extra=extra) as server:
         for prompt in prompts:
             cold_resp = server.post_raw(build_request(params, prompt))
-            cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.id, "response": cold_resp})
+            cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.prompt_id, "response": cold_resp})
             warm = [build_request(params, prompt, repeat=i) for i in range(params.warm_repeats)]
             window = server.measure(warm, concurrency=1)
-            request_frames.append(_window_frame(window, which, cfg.engine, lane.name, prompt.id, tokenizer))
-            cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.id, window, cold_resp))
+            request_frames.append(_window_frame(window, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
+            cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, window, cold_resp))
     # Saved after every server: a later failure keeps what the earlier ones measured.
     ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True).assign(kind="timed"))
     ctx.append_frame(CELLS_FRAME, pd.DataFrame(cell_rows).assign(kind="timed"))
@@ -396,7 +480,7 @@ def _planned_servers(params: CrossEngineParams) -> int:
     return 2 * per_side  # equal-work servers are counted once known
 
 
-def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[PromptSpec],
+def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[ChatRequest],
                   done: set, units: Any) -> None:
     """The side x lane's untimed trace pass and its profiled pass, each its own server and unit, after its
     timed server (tracing and profiling slow a server down: never in a timed one)."""
@@ -485,13 +569,14 @@ def equal_work_plan(data: CrossData, params: CrossEngineParams) -> dict[str, lis
     return plan
 
 
-def _equal_work(params: CrossEngineParams, ctx: Any, tokenizer: Any, done: set, units: Any) -> None:
+def _equal_work(params: CrossEngineParams, ctx: Any, sent: list[ChatRequest], tokenizer: Any, done: set,
+                units: Any) -> None:
     """Re-run each planned cell on both sides with max_tokens = its common prefix (ignore_eos): equal work."""
     from specbook import harness
     from specbook.equalwork import equal_work_request
 
     plan = equal_work_plan(load(ctx), params)
-    prompts = {p.id: p for p in params.selected_prompts()}
+    prompts = {p.prompt_id: p for p in sent}
     repeats = params.equal_work.warm_repeats or params.warm_repeats
     units.total += 2 * len(plan)  # known only now
     for lane in params.lanes:
@@ -510,7 +595,7 @@ def _equal_work(params: CrossEngineParams, ctx: Any, tokenizer: Any, done: set, 
             with harness.serve(cfg, ctx, label, extra=extra) as server:
                 for cell in plan[lane.name]:
                     prompt = prompts[cell.prompt]
-                    def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: PromptSpec = prompt) -> Any:
+                    def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: ChatRequest = prompt) -> Any:
                         return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
                     server.post_raw(equal(None))  # cold, not timed
                     window = server.measure([equal(i) for i in range(repeats)], concurrency=1)
@@ -572,6 +657,7 @@ def load(ctx: Any) -> CrossData:
         pins=maybe_json(PINS_JSON, {}),
         cold=maybe_json(COLD_JSON, []),
         weights=maybe_json(WEIGHTS_JSON, {}),
+        workload=maybe_json(WORKLOAD_JSON, {}),
         trace_steps=maybe_frame(cet.TRACE_STEPS),
         trace_requests=maybe_frame(cet.TRACE_REQUESTS),
         trace_passes=maybe_frame(cet.TRACE_PASSES),
@@ -824,6 +910,23 @@ def per_position_table(positions: pd.DataFrame) -> pd.DataFrame:
     return positions.pivot_table(index="position", columns=["lane", "side"], values="rate")
 
 
+def prompts_note(data: CrossData, params: CrossEngineParams) -> str:
+    """Which prompts the cells ran: how many fixed, how many the workload drew (from where, with which seed),
+    and that every prompt went as one turn."""
+    sent = list(dict.fromkeys(data.requests["prompt"])) if "prompt" in data.requests else []
+    fixed = {p.id for p in params.prompts}
+    n_fixed = sum(p in fixed for p in sent)
+    text = f"{len(sent)} prompts: {n_fixed} from the params' `prompts` list"
+    sel = data.workload
+    if sel:
+        how = [f"{k} {sel[k]}" for k in ("seed", "per_category", "subset", "n", "max_chars") if sel.get(k) is not None]
+        source = sel.get("source") or sel.get("test_source")  # gsm8k names its test split's source
+        text += f", {len(sent) - n_fixed} drawn by the `{sel.get('workload')}` workload ({source}; {', '.join(how)})"
+    mt_bench = " (MT-Bench questions: their first turn)" if sel.get("workload") == "spec_bench" else ""
+    return text + (f". Every prompt is sent as one turn{mt_bench}, the same on both engines: a second turn would "
+                   "carry each engine's own first answer.")
+
+
 def definition_note() -> str:
     return (
         f"Acceptance, one definition for every engine: {DEFINITION}. vLLM: from vllm:spec_decode_* counters; "
@@ -873,6 +976,8 @@ class CrossResult:
     per_position_table: pd.DataFrame
     definition: str
     proposals_note: str
+    # how many prompts were fixed and how many the workload drew (source, seed), sent as one turn each
+    prompts_note: str = ""
     # per lane x prompt: requests, failed, the bound (measurement.max_failed_requests), valid, why a cell is left out
     request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     # per lane x task category (prompts with a `category`): tok/s ratio with its interval, each side's AL
@@ -952,14 +1057,19 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
     )
 
 
-def _prompts_for_analysis(params: CrossEngineParams) -> list[PromptSpec]:
-    """Every prompt with its category; the Spec-Bench sample's only where its file can be read here."""
+def category_of(data: CrossData, params: CrossEngineParams) -> dict[str, str]:
+    """prompt id -> task category: as recorded with each request, else (runs saved before requests carried
+    it) from the params: `prompts`, and the workload's draw where its file can be read here."""
     from specbook.errors import SpecbookError
 
+    req = data.requests
+    if "category" in req and req["category"].notna().any():
+        return {str(k): str(v) for k, v in req.dropna(subset=["category"]).groupby("prompt")["category"].first().items()}
     try:
-        return params.all_prompts()
+        templates = params.all_prompts()
     except SpecbookError:
-        return list(params.prompts)
+        templates = [p.request() for p in params.prompts]
+    return {r.prompt_id: r.category for r in templates if r.category}
 
 
 def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
@@ -975,7 +1085,7 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
         headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
         acceptance=acceptance_table(data) if not data.cells.empty else pd.DataFrame(),
         per_position=positions, per_position_table=per_position_table(positions), definition=definition_note(),
-        proposals_note=cet.UNTIMED_NOTE if traced else PROPOSALS_NOTE,
+        proposals_note=cet.UNTIMED_NOTE if traced else PROPOSALS_NOTE, prompts_note=prompts_note(data, params),
         request_failures=request_failure_table(data, bound),
         usable=usable_cells(cells, equal), equal_work_cells=equal,
         equal_work_headline=equal_work_headline(cells, equal, ci=params.ci_level)
@@ -988,7 +1098,7 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
         if traced else pd.DataFrame(),
         cost_split=cost_split_table(data),
         categories=categories.cross_engine_by_category(
-            cells, data.cells, {p.id: p.category for p in _prompts_for_analysis(params) if p.category},
+            cells, data.cells, category_of(data, params),
             lambda group: headline(group, ci=params.ci_level, n_boot=params.n_boot)),
     )
 

@@ -53,6 +53,8 @@ class SpecBenchWorkloadParams(WorkloadBase):
     per_category: int | None = Field(4, ge=1, description="questions drawn per group; null: all 80")
     turns: Literal[1, 2] = Field(2, description="MT-Bench turns sent: 2 (the real conversation) or 1 (the "
                                  "first only, as `vllm bench serve --dataset-name spec_bench` does)")
+    max_chars: int | None = Field(None, ge=1, description="only questions whose turns sent are each at most "
+                                  "this many characters (the server's context must hold them); null: all")
 
 
 class JsonlWorkloadParams(WorkloadBase):

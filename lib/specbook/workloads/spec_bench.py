@@ -57,6 +57,8 @@ def draw(params: SpecBenchWorkloadParams, seed: int, path: Path | None) -> Workl
     from specbook.client import ChatRequest
 
     rows, source = load_rows(params, path)
+    if params.max_chars is not None:  # before the draw: the sample is drawn among the questions that fit
+        rows = [r for r in rows if all(len(t) <= params.max_chars for t in r["turns"][: params.turns])]
     picked = stratified_sample(rows, lambda r: group_of(str(r["category"])) or "", params.categories,
                                params.per_category, seed, "spec_bench")
     requests = []
@@ -68,6 +70,7 @@ def draw(params: SpecBenchWorkloadParams, seed: int, path: Path | None) -> Workl
             max_tokens=params.max_tokens, temperature=0.0, seed=params.request_seed))
     selection = {"workload": NAME, **source, "seed": seed, "per_category": params.per_category,
                  "categories": list(params.categories), "turns": params.turns,
+                 "max_chars": params.max_chars,
                  "question_ids": [int(r["question_id"]) for r in picked],
                  "source_categories": [str(r["category"]) for r in picked]}
     return WorkloadDraw(NAME, requests, selection)

@@ -19,7 +19,11 @@ speculative_config.attention_backend is set (vllm/v1/spec_decode/llm_base_propos
 attention backend from base"): `--attention-backend` alone reaches the target only, and the log shows it
 (seen on an H200: target TRITON_ATTN, draft FLASH_ATTN). The auto line is logged once per process
 (logger.info_once), so a draft that auto-selects what the target auto-selected logs nothing: that is
-recorded as selected_by "same auto line as the target (logged once)".
+recorded as selected_by "same auto line as the target (logged once)". The selector itself is cached by
+what it is asked (vllm/v1/attention/selector.py, functools.cache on the requested backend and the layer's
+shape), so a draft of the target's shape that requests the target's backend (speculative_config.
+attention_backend) logs no line either: recorded as "same request as the target (selector cache)". A draft
+asking otherwise misses that cache and logs its own line.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ DRAFTER_LINE = "Loading drafter model..."
 ROLE_KEY, PID_KEY = "_role", "_pid"
 _PID_RE = re.compile(r"pid=(\d+)\)")
 SAME_AS_TARGET = "same auto line as the target (logged once)"
+SAME_REQUEST_AS_TARGET = "same request as the target (selector cache)"
 
 
 def _role(facts: dict[str, Any]) -> str:
@@ -116,10 +121,11 @@ def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
                 break
     facts.pop(ROLE_KEY)
     facts.pop(PID_KEY)
-    if (facts.get("draft_model_loaded") and "attention_backend_draft" not in facts
-            and facts.get("attention_backend_target_selected_by") == "auto"):
+    target_by = facts.get("attention_backend_target_selected_by")
+    if facts.get("draft_model_loaded") and "attention_backend_draft" not in facts and target_by in (
+            "auto", "requested"):  # the draft asked what the target asked: no line of its own (docstring)
         facts["attention_backend_draft"] = facts["attention_backend_target"]
-        facts["attention_backend_draft_selected_by"] = SAME_AS_TARGET
+        facts["attention_backend_draft_selected_by"] = SAME_AS_TARGET if target_by == "auto" else SAME_REQUEST_AS_TARGET
     return facts
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from specbook import acceptance, categories, decision, report_view, request_failures, stats, steady
 from specbook.arms import BASELINE
 from specbook.errors import ExperimentError
+from specbook.executors import placement
 from specbook.experiments.knob_ab.attribution import (
     arm_of_run,
     attention_backends_from_logs,
@@ -41,6 +42,43 @@ class SteadyReport:
     crude_threshold: float
     crude_explanation: str
     intervals: pd.DataFrame  # every interval with its run's arm (the AL-over-time plot)
+    unavailable: str = ""  # why there is no steady-state cut (an engine that prints no stats intervals)
+
+    def _shown_unavailable(self) -> bool:
+        if self.unavailable:
+            from IPython.display import Markdown, display
+
+            display(Markdown(f"Not applicable: {self.unavailable}."))
+        return bool(self.unavailable)
+
+    def show(self) -> None:
+        """The rule, AL over time with each run's steady window, and the interval counts (report section)."""
+        from IPython.display import Markdown, display
+
+        from specbook import plots
+
+        if self._shown_unavailable():
+            return
+        display(Markdown(f"Rule: keep intervals with **{self.result.rule}**"))
+        plots.al_over_time(self.intervals, self.result.kept)
+        report_view.show_raw(self.result.counts, "intervals kept per run")
+        report_view.show_raw(self.drop_reasons, "intervals dropped per run and phase")
+
+    def show_sensitivity(self) -> None:
+        from specbook import plots
+
+        if self._shown_unavailable():
+            return
+        report_view.show_table(self.sensitivity_table, index=True)
+        plots.cut_sensitivity(self.sensitivity)
+
+    def show_crude(self) -> None:
+        from IPython.display import Markdown, display
+
+        if self._shown_unavailable():
+            return
+        report_view.show_table(self.crude_vs_load)
+        display(Markdown(self.crude_explanation))
 
 
 @dataclass
@@ -73,6 +111,8 @@ class KnobABResult:
     # per (task category, arm): counter AL over the runs' category windows with its interval (empty: one category)
     category_al: pd.DataFrame = field(default_factory=pd.DataFrame)
     category_delta: pd.DataFrame = field(default_factory=pd.DataFrame)  # per category: each arm vs baseline
+    # per arm x place (node/GPU) the runs ran on (executors.placement): runs, slots, mean AL
+    placement: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def answer(self, params: KnobABParams) -> report_view.Summary:
         """The report's summary block: each comparison's verdict with its delta and interval, and the evidence."""
@@ -237,6 +277,13 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     runs = runs[runs["arm"].notna()]
 
     iv = data.intervals[data.intervals["run_id"].isin(runs["run_id"])].copy()
+    no_cut = ""
+    if not steady.has_interval_columns(iv):
+        # llama.cpp logs per request, not per stats interval: no load cut; its AL comes from the counters
+        no_cut = ("the engine's log has no stats intervals (llama.cpp logs draft statistics per request), so there "
+                  "is no steady-state cut; AL comes from the /metrics counter deltas of each run (counter_al)")
+        notes.append(no_cut)
+        iv = steady.empty_intervals().assign(run_id=pd.Series(dtype=str))
     iv["arm"] = iv["run_id"].map(arm_of)
     conc = params.workload.concurrency
     st = steady.steady_state_filter(iv, conc, params.steady_state.min_running_fraction)
@@ -281,13 +328,14 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     cmp_rows = []
     for arm, part in valued.groupby("arm", sort=False):
         ids = part["run_id"]
+        crude_part = crude_runs.reindex(ids)
         cmp_rows.append({
             "arm": arm,
             "all intervals": float(part["all_intervals_log_al"].mean()),
             "load cut (steady)": float(part["steady_log_al"].mean()),
-            f"crude cut (AL <= {thr:.3f})": float(crude_runs.loc[ids, "al_kept"].mean()),
-            "intervals dropped by load cut": int((part["intervals_total"] - part["intervals_kept"]).sum()),
-            "intervals dropped by crude cut": int(crude_runs.loc[ids, "dropped_high_al"].sum()),
+            f"crude cut (AL <= {thr:.3f})": float(crude_part["al_kept"].mean()),
+            "intervals dropped by load cut": int((part["intervals_total"] - part["intervals_kept"]).fillna(0).sum()),
+            "intervals dropped by crude cut": int(crude_part["dropped_high_al"].fillna(0).sum()),
         })
     crude_vs_load = pd.DataFrame(cmp_rows)
 
@@ -317,6 +365,11 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
 
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
+    placed = valued.merge(runs[[c for c in ("run_id", "gpu", "slot") if c in runs]], on="run_id", how="left")
+    confined = placement.confined_arms(placed)
+    if confined:
+        notes.append(f"arm(s) {confined} ran on one GPU only while the run used several: a GPU-to-GPU difference "
+                     "would sit in their delta (see where each run ran; executor.assignment: spread avoids this)")
     per_pos = per_position_frame(runs, iv, arm_of)
     category_al, category_delta = category_tables(data, runs, arm_of, params)
     return KnobABResult(
@@ -324,7 +377,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         knobs=knobs_table(params),
         attribution=AttributionReport(attr, flagged),
         steady=SteadyReport(st, drop_reasons, sens, sensitivity_table(sens), crude, crude_vs_load, thr,
-                            steady.explain_crude_cut_bias(), intervals_with_arm(iv, arm_of)),
+                            steady.explain_crude_cut_bias(), intervals_with_arm(iv, arm_of), no_cut),
         decision=DecisionReport(rule.describe(), value_col, run_al, arm_summary, comparisons, verdicts_all,
                                 decision.verdict_table(verdicts_all), _knob_verdict_summary(verdicts_all, params),
                                 interaction),
@@ -336,6 +389,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         request_failures=failures,
         category_al=category_al,
         category_delta=category_delta,
+        placement=placement.placement_table(placed, value_col),
     )
 
 

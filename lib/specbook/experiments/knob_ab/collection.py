@@ -10,12 +10,13 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from specbook import attribution, resume, secrets
+from specbook import attribution, executors, resume, secrets
 from specbook.acceptance import Acceptance, position_column
 from specbook.arms import Arm, interleaved_schedule
 from specbook.categories import measure_by_category
@@ -60,8 +61,9 @@ def run_name(order: int, sweep: int, arm: Arm) -> str:
 def _with_run_time(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
     frame = frame.copy()
     frame.insert(0, "run_id", run_id)
-    frame["t_s"] = ((frame["timestamp"] - frame["timestamp"].min()).dt.total_seconds() if len(frame)
-                    else pd.Series(dtype=float))
+    # llama.cpp's records are per request and carry no time stamp
+    frame["t_s"] = ((frame["timestamp"] - frame["timestamp"].min()).dt.total_seconds()
+                    if len(frame) and "timestamp" in frame else pd.Series(float("nan"), index=frame.index))
     return frame
 
 
@@ -85,7 +87,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
     A resumed run (specbook.resume) skips the runs the folder holds as done: same schedule, same run ids."""
     if params.mode == "ingest":
         return ingest(params, ctx)
-    from specbook import harness, progress
+    from specbook import progress
     from specbook.workloads import draw_workload
 
     w = params.workload
@@ -96,7 +98,6 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
         if seed not in workloads:
             workloads[seed] = draw_workload(w, seed)
     ctx.save_json("workload", {str(seed): wl.selection for seed, wl in workloads.items()})
-    requests_of = {seed: wl.requests for seed, wl in workloads.items()}
     arms = params.arms()
     check_inherited_knob_env(params, os.environ)
     ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))  # arms echo the engine's env/args
@@ -105,65 +106,78 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
     flush = 2.5 * params.measurement.log_stats_interval_s if flush is None else flush
 
     done = resume.done_units(ctx, UNITS)
-    units = progress.Units("knob A/B run", len(schedule))  # to the console, not the report (specbook.progress)
+    units = []
     for order, (sweep, arm) in enumerate(schedule):
         run_id = run_name(order, sweep, arm)
         if (run_id,) in done:
-            units.skip(run_id)
+            progress.note(f"knob A/B run {run_id} already done (resumed run), skipped")
             continue
-        units.start(f"{run_id} (sweep {sweep}, arm {arm.name})")
-        subset_seed = w.subset_seed(sweep)
-        workload, requests = workloads[subset_seed], requests_of[subset_seed]
-        cfg = _arm_config(arm, params)
-        row: dict[str, Any] = {"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": arm.name}
-        try:
-            with harness.serve(cfg, ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
-                # one window per task category on this server (one category: one plain window)
-                by_cat = measure_by_category(server, requests, concurrency=w.concurrency, flush_wait_s=flush)
-                window = by_cat.whole
-        except Exception as exc:
-            row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-            ctx.append_frame(RUNS, pd.DataFrame([row]))
-            raise RunError(f"run {run_id} (arm {arm.name!r}, sweep {sweep}) failed; runs before it are saved "
-                           f"in {ctx.data_dir}: {exc}") from exc
-        rf = window.requests_frame()
-        rf.insert(0, "run_id", run_id)
-        graded = workload.grade(rf)
-        log_env = read_env_line(server.log_path)
-        ok = rf[rf["error"].isna()] if "error" in rf else rf
-        row.update({
-            "status": "ok",
-            "subset_seed": subset_seed,
-            "request_seed": w.request_seed,
-            "log_path": str(server.log_path.relative_to(ctx.run_dir)),
-            # as launched, secrets hidden; attribution compares them with each arm's redacted expectation
-            "argv": json.dumps(secrets.redact_argv(server.managed.argv)),
-            # Attribution reads the env the log says the server ran with, not what params declared.
-            "launched_env": json.dumps(secrets.redact_env(log_env if log_env is not None else server.managed.launched_env)),
-            "ready_s": server.ready_s,
-            "started_at": server.managed.started_at.isoformat() if server.managed.started_at else None,
-            "wall_s": window.wall_s,
-            "n_requests": len(rf),
-            "n_errors": int(len(rf) - len(ok)),
-            "completion_tokens": window.completion_tokens,
-            "tok_s": window.tok_s,
-            **({"correct": int(graded["correct"].sum()), "total": int(len(graded))} if "correct" in graded else {}),
-            **window.acceptance.counts(COUNTER),
-            "versions": json.dumps(server.versions),
-        })
-        ctx.append_frame(REQUESTS, graded)
-        ctx.append_frame(CATEGORIES, by_cat.frame().assign(run_id=run_id, sweep=sweep))
-        ctx.append_frame(INTERVALS, _with_run_time(window.log_intervals(), run_id))
-        ctx.append_frame(RUNS, pd.DataFrame([row]))
-        units.done()
-        if _sweep_ends(schedule, order) and params.adaptive and sweep + 1 >= sweeps_min and _rule_stops(params, ctx):
-            progress.note(f"adaptive sweeps: the rule decided after {sweep + 1} sweeps; the planned runs after it are not needed")
-            break
+        seed = w.subset_seed(sweep)
+        units.append(executors.Unit(
+            key=run_id, label=f"{run_id} (sweep {sweep}, arm {arm.name})", arm=arm.name, sweep=sweep,
+            call=partial(run_one, params=params, run_id=run_id, order=order, sweep=sweep, arm=arm,
+                         workload=workloads[seed], flush_wait_s=flush),
+            failed_row={"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": arm.name}))
+    ran = executors.run_units(units, ctx, params.executor, done_frame=RUNS, what="knob A/B run",
+                              look_after=(lambda _sweep: _rule_stops(params, ctx)) if params.adaptive else None,
+                              looks_from=sweeps_min, gpus_hint=executors.tensor_parallel_size(params.engine.extra_args))
+    if ran.stopped_after_sweep is not None:
+        progress.note(f"adaptive sweeps: the rule decided after {ran.stopped_after_sweep + 1} sweeps; the planned runs "
+                      "after it are not needed")
     return load(ctx)
 
 
-def _sweep_ends(schedule: list[tuple[int, Arm]], order: int) -> bool:
-    return order + 1 == len(schedule) or schedule[order + 1][0] != schedule[order][0]
+def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, arm: Arm, workload: Any,
+            flush_wait_s: float) -> None:
+    """One (sweep, arm) run on a fresh server: its requests, categories, intervals rows, then its runs row (the
+    unit's done row, last). A failure appends a failed runs row and raises RunError. Executors call this in the
+    kernel (local) or in a Ray task against a staging folder (specbook.executors)."""
+    from specbook import harness
+
+    w = params.workload
+    cfg = _arm_config(arm, params)
+    row: dict[str, Any] = {"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": arm.name,
+                           **executors.placement_columns()}
+    try:
+        with harness.serve(cfg, ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
+            # one window per task category on this server (one category: one plain window)
+            by_cat = measure_by_category(server, workload.requests, concurrency=w.concurrency,
+                                         flush_wait_s=flush_wait_s)
+            window = by_cat.whole
+    except Exception as exc:
+        row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        ctx.append_frame(RUNS, pd.DataFrame([row]))
+        raise RunError(f"run {run_id} (arm {arm.name!r}, sweep {sweep}) failed; runs before it are saved "
+                       f"in {ctx.data_dir}: {exc}") from exc
+    rf = window.requests_frame()
+    rf.insert(0, "run_id", run_id)
+    graded = workload.grade(rf)
+    log_env = read_env_line(server.log_path)
+    ok = rf[rf["error"].isna()] if "error" in rf else rf
+    row.update({
+        "status": "ok",
+        "subset_seed": w.subset_seed(sweep),
+        "request_seed": w.request_seed,
+        "log_path": str(server.log_path.relative_to(ctx.run_dir)),
+        # as launched, secrets hidden; attribution compares them with each arm's redacted expectation
+        "argv": json.dumps(secrets.redact_argv(server.managed.argv)),
+        # Attribution reads the env the log says the server ran with, not what params declared.
+        "launched_env": json.dumps(secrets.redact_env(log_env if log_env is not None else server.managed.launched_env)),
+        "ready_s": server.ready_s,
+        "started_at": server.managed.started_at.isoformat() if server.managed.started_at else None,
+        "wall_s": window.wall_s,
+        "n_requests": len(rf),
+        "n_errors": int(len(rf) - len(ok)),
+        "completion_tokens": window.completion_tokens,
+        "tok_s": window.tok_s,
+        **({"correct": int(graded["correct"].sum()), "total": int(len(graded))} if "correct" in graded else {}),
+        **window.acceptance.counts(COUNTER),
+        "versions": json.dumps(server.versions),
+    })
+    ctx.append_frame(REQUESTS, graded)
+    ctx.append_frame(CATEGORIES, by_cat.frame().assign(run_id=run_id, sweep=sweep))
+    ctx.append_frame(INTERVALS, _with_run_time(window.log_intervals(), run_id))
+    ctx.append_frame(RUNS, pd.DataFrame([row]))
 
 
 def _rule_stops(params: KnobABParams, ctx) -> bool:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from specbook.arms import Arm, KnobSpec, build_arms
 from specbook.decision import DecisionRule
 from specbook.engines.base import EngineConfig
+from specbook.executors import ExecutorParams
 from specbook.params import ExperimentParams
 from specbook.paths import project_root
 from specbook.request_failures import max_failed_requests_field
@@ -87,6 +88,8 @@ class KnobABParams(ExperimentParams):
     measurement: MeasurementParams = Field(default_factory=MeasurementParams)
     decision: DecisionRule = Field(default_factory=DecisionRule)
     ingest: IngestParams | None = None
+    executor: ExecutorParams = Field(default_factory=ExecutorParams, description="where the runs execute: local "
+                                     "(one after another) or ray (as Ray tasks over the cluster's GPUs)")
 
     @model_validator(mode="after")
     def _ingest_needs_logs(self) -> KnobABParams:

@@ -1,0 +1,318 @@
+"""The Ray executor: each unit a Ray task in one bundle ("slot") of a placement group, on the node Ray picked.
+
+- Slots: a placement group of `slots` bundles, each {GPU: gpus_per_unit, CPU: cpus_per_unit}; a bundle is one
+  GPU (or set of GPUs) on one node for the run's lifetime, so "slot 1" names the same GPU in every unit.
+- Order: each slot runs its units one after another in schedule order (units that share a GPU over time keep
+  the interleaved order); different slots run at once. With adaptive sweeps no unit of a later sweep starts
+  before the look after the sweep before it.
+- Data: a task serves and measures into a staging folder on its node and returns its files; the driver merges
+  them into the run folder (`staging.merge`), so the layout is the local executor's.
+- Faults: a unit that raises, or a task lost with its worker or node, fails only that unit (its failed row is
+  written); the others finish; then `RunError` names the failed units. Ctrl-C cancels the tasks (each tears its
+  server down and records it `interrupted`), force-cancels what does not end in time, and stops every process
+  carrying the run's token on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbook import progress
+from specbook.errors import ParamsError, RunError
+from specbook.executors.placement import assign_slots, detect, placed
+from specbook.executors.staging import merge, pack
+
+if TYPE_CHECKING:
+    from specbook.executors import Execution, ExecutorParams, Unit
+    from specbook.runstore import RunContext
+
+CANCEL_WAIT_S = 45.0  # as long as the runner waits for servers after Ctrl-C (runguard.SERVER_STOP_BOUND_S)
+PLACEMENT_TIMEOUT_S = 120.0
+STAGING_ROOT = "specbook-units"
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ParamsError("executor.kind: 'ray' needs the ray package (pip install 'specbook[ray]', or "
+                          "pip install ray==2.60.0); it is not installed in this environment") from None
+    return ray
+
+
+def staging_dir(token: str, key: str) -> Path:
+    """Where a unit stages its files on its node (the same path on every node)."""
+    return Path(tempfile.gettempdir()) / STAGING_ROOT / token / key
+
+
+def unit_task(call: Callable[..., Any], key: str, token: str, slot: int, env: dict[str, str]) -> dict[str, Any]:
+    """Body of the Ray task: the unit against a fresh staging folder; its files, error and placement back."""
+    import ray
+
+    from specbook.runstore import RunContext
+
+    for name, value in env.items():  # the run token (no server outlives the run), the progress file
+        os.environ[name] = value
+    folder = staging_dir(token, key)
+    shutil.rmtree(folder, ignore_errors=True)
+    ctx = RunContext(folder)
+    where = detect("ray", slot=slot, node_id=ray.get_runtime_context().get_node_id())
+    error = None
+    try:
+        with placed(where):
+            call(ctx)
+    except KeyboardInterrupt:  # ray.cancel: the harness has torn the server down and recorded it interrupted
+        error = "KeyboardInterrupt: cancelled (Ctrl-C on the driver)"
+    except BaseException as exc:  # the unit fails alone; its files (failed row, log, record) still go back
+        error = f"{type(exc).__name__}: {exc}"[:4000]
+    files = pack(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"files": files, "error": error, "placement": where.__dict__}
+
+
+def stop_run_processes(token: str) -> dict[str, Any]:
+    """On one node: stop every process carrying the run's token (servers first); what was stopped."""
+    from specbook import runguard
+
+    servers, _ = runguard.run_processes(token)
+    left = runguard.stop(servers)
+    return {"node": socket.gethostname(), "stopped": len(servers), "left": [p.pid for p in left]}
+
+
+def describe_cluster(ray: Any) -> dict[str, Any]:
+    """Nodes (host, GPUs, CPUs, memory), Ray version and address: what the manifest records."""
+    nodes = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        res = n.get("Resources", {})
+        nodes.append({"node_id": n.get("NodeID", ""), "host": n.get("NodeManagerHostname", ""),
+                      "address": n.get("NodeManagerAddress", ""), "gpus": res.get("GPU", 0.0),
+                      "cpus": res.get("CPU", 0.0), "memory_gb": round(res.get("memory", 0.0) / 2**30, 1)})
+    total = ray.cluster_resources()
+    return {"executor": "ray", "ray_version": ray.__version__, "nodes": nodes,
+            "gpus": total.get("GPU", 0.0), "cpus": total.get("CPU", 0.0)}
+
+
+def _slot_count(params: ExecutorParams, cluster: dict[str, Any], gpus: float, cpus: float) -> int:
+    if params.slots is not None:
+        return params.slots
+    by_gpu = int(cluster["gpus"] // gpus) if gpus > 0 else None
+    by_cpu = int(cluster["cpus"] // cpus)
+    n = min(x for x in (by_gpu, by_cpu) if x is not None)
+    if n < 1:
+        raise ParamsError(f"executor: a unit asks for {gpus:g} GPU and {cpus:g} CPU, the Ray cluster has "
+                          f"{cluster['gpus']:g} GPU and {cluster['cpus']:g} CPU; lower executor.gpus_per_unit / "
+                          f"cpus_per_unit or join a larger cluster")
+    return n
+
+
+def _init(ray: Any, params: ExecutorParams) -> bool:
+    """Connect (or start a local instance); True when this call started it (and shutdown is ours)."""
+    if ray.is_initialized():
+        return False
+    import logging
+
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
+                              "configure_logging": True}
+    if params.address is None:
+        kwargs["object_store_memory"] = params.object_store_mb * 2**20
+    else:
+        kwargs["address"] = params.address
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:
+        raise RunError(f"executor.address {params.address!r}: cannot start or join Ray: {type(exc).__name__}: "
+                       f"{exc}") from exc
+    return True
+
+
+def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *, done_frame: str,
+               look_after: Callable[[int], bool] | None, looks_from: int | None, what: str,
+               gpus_hint: int = 1) -> Execution:
+    from specbook.executors import Execution
+
+    ray = _ray()
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from specbook import runguard
+
+    started = _init(ray, params)
+    token = os.environ.get(runguard.RUN_TOKEN_ENV) or f"specbook-{os.getpid()}-{time.time_ns()}"
+    env = {runguard.RUN_TOKEN_ENV: token}
+    if os.environ.get(progress.ENV):
+        env[progress.ENV] = os.environ[progress.ENV]
+    pg = None
+    try:
+        cluster = describe_cluster(ray)
+        gpus = params.gpus_per_unit if params.gpus_per_unit is not None else (gpus_hint if cluster["gpus"] else 0)
+        cpus = params.cpus_per_unit
+        slots = _slot_count(params, cluster, gpus, cpus)
+        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        cluster.update(slots=slots, bundle=bundle, address=params.address or "local instance",
+                       assignment=params.assignment)
+        ctx.save_json("executor", cluster)
+        pg = placement_group([dict(bundle) for _ in range(slots)], strategy="SPREAD" if gpus else "PACK")
+        ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise RunError(f"executor: Ray could not place {slots} slot(s) of {bundle} within "
+                           f"{PLACEMENT_TIMEOUT_S:.0f} s (cluster: {cluster['gpus']:g} GPU, {cluster['cpus']:g} CPU); "
+                           f"set executor.slots lower")
+        arm_order = list(dict.fromkeys(u.arm for u in units))
+        slot_of = assign_slots([u.arm for u in units], [u.sweep for u in units], arm_order, slots, params.assignment)
+        queues: dict[int, deque[Unit]] = {s: deque() for s in range(slots)}
+        for unit, s in zip(units, slot_of, strict=True):
+            queues[s].append(unit)
+        remote = ray.remote(unit_task)
+        done = Execution(cluster=cluster)
+        progress.note(f"Ray: {slots} slot(s) of {bundle} on {len(cluster['nodes'])} node(s); "
+                      f"{len(units)} {what}(s)")
+        sweeps_left = {}
+        for u in units:
+            sweeps_left[u.sweep] = sweeps_left.get(u.sweep, 0) + 1
+        looked: set[int] = set()
+        in_flight: dict[Any, tuple[int, Unit]] = {}
+        stop = False
+
+        def gate() -> int | None:
+            """Units of sweeps after this one wait for its look (adaptive sweeps); None: no gate."""
+            if look_after is None or looks_from is None:
+                return None
+            pending = [s for s in sorted(sweeps_left) if s + 1 >= looks_from and s not in looked]
+            return pending[0] if pending else None
+
+        def submit_ready() -> None:
+            g = gate()
+            busy = {slot for slot, _ in in_flight.values()}
+            for slot, q in queues.items():
+                if slot in busy or not q or stop or (g is not None and q[0].sweep > g):
+                    continue
+                unit = q.popleft()
+                strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=slot)
+                ref = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
+                                     scheduling_strategy=strategy).remote(unit.call, unit.key, token, slot, env)
+                in_flight[ref] = (slot, unit)
+                progress.note(f"{what} {unit.label}: started on slot {slot}")
+
+        try:
+            submit_ready()
+            while in_flight:
+                ready_refs, _ = ray.wait(list(in_flight), num_returns=1)
+                ref = ready_refs[0]
+                slot, unit = in_flight.pop(ref)
+                _finish(ray, ref, unit, ctx, done, done_frame, token)
+                progress.note(f"{what} {len(done.ran) + len(done.failed)}/{len(units)}: {unit.key} "
+                              f"{'FAILED' if unit.key in done.failed else 'done'} (slot {slot})")
+                sweeps_left[unit.sweep] -= 1
+                g = gate()
+                if g is not None and all(n == 0 for s, n in sweeps_left.items() if s <= g):
+                    looked.add(g)
+                    if not done.failed and look_after is not None and look_after(g):
+                        done.stopped_after_sweep = g
+                        stop = True
+                submit_ready()
+        except KeyboardInterrupt:
+            _cancel(ray, in_flight, ctx, done, done_frame, token)
+            raise
+        if done.failed:
+            names = "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in done.failed.items())
+            raise RunError(f"{len(done.failed)} of {len(units)} {what}(s) failed on Ray, the others finished and are "
+                           f"saved in {ctx.data_dir}: {names}. `specbook run --resume {ctx.run_dir}` re-runs only "
+                           f"the failed ones")
+        return done
+    finally:
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+        if started:
+            ray.shutdown()
+
+
+def _finish(ray: Any, ref: Any, unit: Unit, ctx: RunContext, done: Execution, done_frame: str, token: str) -> None:
+    """Merge a finished task's files; a task lost with its worker writes the unit's failed row instead."""
+    try:
+        out = ray.get(ref)
+    except Exception as exc:  # the worker or node died, or the task was cancelled before it could answer
+        local = staging_dir(token, unit.key)
+        if local.is_dir():  # same host: what the unit wrote before it was lost is still here
+            merge(pack(local), ctx, done_frame=done_frame)
+            shutil.rmtree(local, ignore_errors=True)
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (task lost)"
+        _failed_row(unit, ctx, done_frame, error)
+        done.failed[unit.key] = error
+        return
+    merge(out["files"], ctx, done_frame=done_frame)
+    if out["error"]:
+        if not _row_written(ctx, done_frame, unit):
+            _failed_row(unit, ctx, done_frame, out["error"])
+        done.failed[unit.key] = out["error"]
+    else:
+        done.ran.append(unit.key)
+
+
+def _row_written(ctx: RunContext, done_frame: str, unit: Unit) -> bool:
+    """Whether the unit's row (its own failed row) is in the done frame; True where it keeps no failed rows."""
+    if not unit.failed_row:
+        return True
+    if not ctx.has_frame(done_frame):
+        return False
+    key_col = next(iter(unit.failed_row))
+    frame = ctx.load_frame(done_frame)
+    return key_col in frame and (frame[key_col] == unit.failed_row[key_col]).any()
+
+
+def _failed_row(unit: Unit, ctx: RunContext, done_frame: str, error: str) -> None:
+    if not unit.failed_row:
+        return
+    import pandas as pd
+
+    row = {**unit.failed_row, "status": "failed", "error": error[:2000]}
+    ctx.append_frame(done_frame, pd.DataFrame([row]))
+
+
+def _cancel(ray: Any, in_flight: dict[Any, tuple[int, Unit]], ctx: RunContext, done: Execution, done_frame: str,
+            token: str) -> None:
+    """Ctrl-C: every task is asked to stop (its server torn down, recorded interrupted) and waited for; what does
+    not end in CANCEL_WAIT_S is force-cancelled; then every node stops what still carries the run's token."""
+    progress.note(f"Ray: cancelling {len(in_flight)} running unit(s)")
+    for ref in in_flight:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=False)
+    end = time.monotonic() + CANCEL_WAIT_S
+    while in_flight and time.monotonic() < end:
+        try:
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.1, end - time.monotonic()))
+        except KeyboardInterrupt:  # a second Ctrl-C: force at once
+            break
+        for ref in ready:
+            _slot, unit = in_flight.pop(ref)
+            with contextlib.suppress(Exception):
+                _finish(ray, ref, unit, ctx, done, done_frame, token)
+    for ref in in_flight:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cleanup = ray.remote(stop_run_processes)
+    refs = [cleanup.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(token) for n in ray.nodes() if n.get("Alive")]
+    with contextlib.suppress(Exception):
+        for r in ray.get(refs, timeout=CANCEL_WAIT_S):
+            progress.note(f"Ray: node {r['node']}: stopped {r['stopped']} server process(es)"
+                          + (f", still alive: {r['left']}" if r["left"] else ""))
+    for _slot, unit in in_flight.values():  # force-cancelled on this host: keep what they wrote (log, record)
+        local = staging_dir(token, unit.key)
+        if local.is_dir():
+            with contextlib.suppress(Exception):
+                merge(pack(local), ctx, done_frame=done_frame)
+            shutil.rmtree(local, ignore_errors=True)

@@ -1,0 +1,148 @@
+"""Executors without engines: the local loop and its looks, slot assignment, the staging merge, placement tables,
+params and the CLI's override. (The Ray executor with real Ray and real llama-servers: tests/integration and e2e.)"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pandas as pd
+import pytest
+
+from specbook import executors
+from specbook.arms import interleaved_schedule
+from specbook.errors import ParamsError
+from specbook.executors import ExecutorParams, Unit, placement, staging
+from specbook.experiments.knob_ab.params import KnobABParams
+from specbook.params import load_params
+from specbook.runstore import RunContext
+
+
+def _append_row(ctx: RunContext, *, key: str, sweep: int) -> None:
+    ctx.append_frame("rows", pd.DataFrame([{"run_id": key, "sweep": sweep, **executors.placement_columns()}]))
+
+
+def _units(arms: list[str], sweeps: int) -> list[Unit]:
+    out = []
+    for sweep in range(sweeps):
+        for arm in (arms if sweep % 2 == 0 else arms[::-1]):  # interleaved: each sweep reverses the order
+            key = f"s{sweep}-{arm}"
+            out.append(Unit(key=key, label=key, arm=arm, sweep=sweep, call=partial(_append_row, key=key, sweep=sweep)))
+    return out
+
+
+def test_local_executor_looks_after_each_complete_sweep_from_looks_from_and_stops_when_told(tmp_path):
+    ctx = RunContext(tmp_path / "run")
+    looks = []
+
+    def look(sweep: int) -> bool:
+        looks.append((sweep, len(ctx.load_frame("rows"))))
+        return sweep == 2
+
+    done = executors.run_units(_units(["baseline", "a", "b"], 4), ctx, ExecutorParams(), done_frame="rows",
+                               look_after=look, looks_from=2)
+    # no look after sweep 0 (looks_from=2: first look once 2 sweeps are in); each look sees its sweep complete
+    assert looks == [(1, 6), (2, 9)]
+    assert done.stopped_after_sweep == 2 and len(done.ran) == 9
+    rows = ctx.load_frame("rows")
+    assert list(rows["sweep"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert set(rows["executor"]) == {"local"} and set(rows["slot"]) == {0}
+
+
+def test_the_interleaved_schedule_of_the_demo_ends_its_sweeps_where_the_local_executor_looks(tmp_path):
+    params = load_params(KnobABParams, "params/knob_ab/cpu-demo.yaml")
+    schedule = interleaved_schedule(params.arms(), 3)
+    units = [Unit(key=str(i), label=str(i), arm=a.name, sweep=s, call=partial(_append_row, key=str(i), sweep=s))
+             for i, (s, a) in enumerate(schedule)]
+    seen = []
+    executors.run_units(units, RunContext(tmp_path / "run"), ExecutorParams(), done_frame="rows",
+                        look_after=lambda s: seen.append(s) or False, looks_from=1)
+    assert seen == [0, 1, 2]
+
+
+def test_spread_puts_each_arms_sweeps_on_every_slot_and_a_sweeps_arms_on_different_slots():
+    arms = ["baseline", "a", "b", "a+b"]
+    units = [(arm, sweep) for sweep in range(4) for arm in arms]
+    slots = placement.assign_slots([u[0] for u in units], [u[1] for u in units], arms, 2)
+    by_arm: dict[str, set[int]] = {}
+    for (arm, _), slot in zip(units, slots, strict=True):
+        by_arm.setdefault(arm, set()).add(slot)
+    assert all(s == {0, 1} for s in by_arm.values())  # no arm confined to one GPU
+    four = placement.assign_slots([u[0] for u in units], [u[1] for u in units], arms, 4)
+    for sweep in range(4):  # with a slot per arm, one sweep's arms run on four different GPUs at once
+        assert len({four[i] for i, u in enumerate(units) if u[1] == sweep}) == 4
+
+
+def test_a_pinned_assignment_turns_over_its_slots_and_names_a_slot_that_does_not_exist():
+    slots = placement.assign_slots(["a", "a", "a", "b"], [0, 1, 2, 0], ["a", "b"], 3, {"a": [2, 0]})
+    assert slots == [2, 0, 2, 1]
+    with pytest.raises(ParamsError, match=r"executor.assignment.a: slot\(s\) \[5\] do not exist; the cluster "
+                                          r"gives 3 slot\(s\)"):
+        placement.assign_slots(["a"], [0], ["a"], 3, {"a": [5]})
+    with pytest.raises(ValueError, match="assignment.a: list one or more slot numbers"):
+        ExecutorParams(assignment={"a": []})
+
+
+def test_merge_appends_frames_with_the_done_frame_last_and_writes_logs_and_server_records(tmp_path, monkeypatch):
+    run = RunContext(tmp_path / "run")
+    run.append_frame("runs", pd.DataFrame([{"run_id": "earlier", "status": "ok"}]))
+    unit = RunContext(tmp_path / "staging")
+    unit.append_frame("requests", pd.DataFrame([{"run_id": "u1", "prompt_id": "p"}]))
+    unit.append_frame("runs", pd.DataFrame([{"run_id": "u1", "status": "ok"}]))
+    unit.log_path("u1").write_text("Env: X=1\nserver log\n")
+    unit.record_server("u1", ["llama-server"], {}, {}, None, status="ok")
+    order = []
+    real_append = RunContext.append_frame
+    monkeypatch.setattr(RunContext, "append_frame",
+                        lambda self, name, rows: order.append(name) or real_append(self, name, rows))
+    written = staging.merge(staging.pack(tmp_path / "staging"), run, done_frame="runs")
+    assert order == ["requests", "runs"]  # a unit counts as done only once its other rows are in
+    assert list(run.load_frame("runs")["run_id"]) == ["earlier", "u1"]
+    assert run.log_path("u1").read_text() == "Env: X=1\nserver log\n"
+    assert [r.name for r in run.servers()] == ["u1"]
+    assert set(written) == {"data/requests.parquet", "data/runs.parquet", "logs/u1.log", "servers.jsonl"}
+
+
+def test_merge_refuses_a_file_outside_the_run_folder(tmp_path):
+    with pytest.raises(ValueError, match="must lie inside the run folder"):
+        staging.merge({"../escape.txt": b"x"}, RunContext(tmp_path / "run"), done_frame="runs")
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_placement_table_and_an_arm_confined_to_one_gpu():
+    runs = pd.DataFrame({"arm": ["baseline", "baseline", "knob", "knob"], "gpu": ["h/GPU-a", "h/GPU-b", "h/GPU-a",
+                                                                                 "h/GPU-a"],
+                         "slot": [0, 1, 0, 0], "al": [4.0, 4.2, 3.0, 3.2]})
+    table = placement.placement_table(runs, "al")
+    assert table.to_dict("records") == [
+        {"arm": "baseline", "place": "h/GPU-a", "runs": 1, "slots": "0", "al": 4.0},
+        {"arm": "baseline", "place": "h/GPU-b", "runs": 1, "slots": "1", "al": 4.2},
+        {"arm": "knob", "place": "h/GPU-a", "runs": 2, "slots": "0", "al": pytest.approx(3.1)}]
+    assert placement.confined_arms(runs) == ["knob"]
+    assert placement.confined_arms(runs[runs["gpu"] == "h/GPU-a"]) == []  # one place in all: nothing to confound
+
+
+def test_the_cli_choice_wins_over_the_params_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv(executors.KIND_ENV, "ray")
+    monkeypatch.setenv(executors.ADDRESS_ENV, "ray://head:10001")
+    eff = executors.effective(ExecutorParams(kind="local", cpus_per_unit=2))
+    assert (eff.kind, eff.address, eff.cpus_per_unit) == ("ray", "ray://head:10001", 2)
+    monkeypatch.setenv(executors.KIND_ENV, "slurm")
+    with pytest.raises(ParamsError, match=r"\$SPECBOOK_EXECUTOR='slurm': use local or ray"):
+        executors.effective(ExecutorParams())
+
+
+def test_executor_params_are_validated_with_the_field_named(tmp_path):
+    path = tmp_path / "p.yaml"
+    data = json.loads(json.dumps(load_params(KnobABParams, "params/knob_ab/cpu-demo.yaml").model_dump(
+        exclude_none=True)))
+    data["executor"] = {"kind": "slurm"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ParamsError, match="executor.kind"):
+        load_params(KnobABParams, str(path))
+
+
+def test_tensor_parallel_size_from_extra_args():
+    assert executors.tensor_parallel_size([]) == 1
+    assert executors.tensor_parallel_size(["--tensor-parallel-size", "2"]) == 2
+    assert executors.tensor_parallel_size(["-tp=4"]) == 4
