@@ -45,6 +45,7 @@ PART_LABELS = {
     "spec_overhead": "speculation overhead (derived)",
 }
 SOURCES = ("profiler", "engine_log", "derived")
+PROFILES_DIR = "profiles"  # run_dir/profiles/NAME: a profiled pass's traces
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
     if module_name is None:
         raise EngineError(f"profiled pass: no profiler for engine {server_cfg.engine!r} (known: {sorted(_PROFILERS)})")
     profiler = importlib.import_module(module_name)
-    trace_dir = Path(run.run_dir) / "profiles" / name
+    trace_dir = Path(run.run_dir) / PROFILES_DIR / name
     trace_dir.mkdir(parents=True, exist_ok=True)
     cfg = profiler.profiled_config(server_cfg, trace_dir)
     with serve(cfg, run, name, extra={"profiled_pass": True, "lane": lane}) as server:

@@ -32,6 +32,7 @@ __all__ = [
     "redacted_fields",
     "register_units",
     "resumed_note",
+    "set_aside_folder",
     "set_aside_unfinished",
     "units_of",
 ]
@@ -153,6 +154,20 @@ def set_aside_unfinished(ctx: RunContext, units: Units) -> dict[str, Any]:
     moved["folder"] = str(folder.relative_to(ctx.run_dir))
     (folder / "set_aside.json").write_text(json.dumps(moved, indent=1) + "\n", encoding="utf-8")
     return moved
+
+
+def set_aside_folder(folder: str | os.PathLike[str]) -> Path | None:
+    """A folder an unfinished unit's earlier attempt wrote (trace records, profiler traces) renamed beside it,
+    NAME.unfinished-<n>: kept, never read as the new attempt's. Returns where it went (None: no such folder)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return None
+    n = 1
+    while folder.with_name(f"{folder.name}.unfinished-{n}").exists():
+        n += 1
+    target = folder.with_name(f"{folder.name}.unfinished-{n}")
+    folder.rename(target)
+    return target
 
 
 def _is_server_log(path: Path) -> bool:

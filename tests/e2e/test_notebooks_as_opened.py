@@ -93,6 +93,9 @@ def test_config_flip_runs_as_opened_with_its_defaults(tmp_path, monkeypatch, emb
     print(f"config_flip as opened: {time.monotonic() - t0:.0f} s")
     runs = list((tmp_path / "outputs" / "config_flip").iterdir())
     assert len(runs) == 1 and (runs[0] / "params.yaml").is_file() and (runs[0] / "summary.json").is_file()
-    assert sorted(p.name for p in (runs[0] / "logs").glob("*.log")) == ["arm0-100000.0.log", "arm1-100.0.log"]
+    # the measured arms, then each arm's untimed trace pass and profiled pass (the demo's traces / cost_split)
+    assert sorted(p.name for p in (runs[0] / "logs").glob("*.log")) == [
+        "arm0-100000.0-prof.log", "arm0-100000.0-trace.log", "arm0-100000.0.log",
+        "arm1-100.0-prof.log", "arm1-100.0-trace.log", "arm1-100.0.log"]
     text = outputs_text(nb)
     assert "Traceback" not in text and "COLLAPSED" in text and "EQUAL" in text

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from specbook.acceptance import position_column
+from specbook.acceptance import Acceptance, position_column
 from specbook.engines import EngineConfig, get_engine
 from specbook.errors import ExperimentError, ParamsError
 from specbook.experiments import config_flip as cf
@@ -18,6 +18,8 @@ from specbook.experiments.registry import get_experiment
 from specbook.params import load_params
 from specbook.paths import params_dir
 from specbook.runstore import RunContext
+from specbook.traces.records import ProposalRecord, records_frame
+from specbook.traces.tracepass import RequestTrace, TraceSet
 
 
 @pytest.fixture()
@@ -375,3 +377,173 @@ def test_an_arm_over_max_failed_requests_is_left_out_with_the_reason(tmp_path, d
     kept = cf.analyze(data, tolerant)
     assert kept.verdict.left_out == {} and kept.verdict.collapsed == ["arm1-10000"]
     assert kept.verdict.outputs_equal and kept.summary.set_index("arm").loc["arm1-10000", "failed"] == 1
+
+
+# --- the optional passes: traces and cost split per arm (synthetic frames) -------------------------------------
+
+PROMPT_IDS = [1, 2, 3]
+OUTPUT_IDS = [10, 11, 12, 13, 14, 15, 16, 17]  # both arms emit the same 8 ids (greedy: the target decides)
+# (anchor_pos, proposed) per arm, k = 3; anchor_pos counts the prompt's 3 ids
+ARM_STEPS = {
+    "arm0-100000": [(4, [11, 12, 13]), (8, [15, 16, 99])],  # accepted 3, then 2 (ends at token 7 of 8)
+    "arm1-10000": [(4, [50, 51, 52]), (5, [12, 60, 61]), (7, [70, 71, 72]), (8, [15, 16, 99])],  # 0, 1, 0, 2
+}
+
+
+def _trace_set(arm: str, counters: Acceptance) -> TraceSet:
+    records = [ProposalRecord(engine="vllm", request_id=f"{arm}-r0", anchor_pos=pos,
+                              anchor_id=(PROMPT_IDS + OUTPUT_IDS)[pos - 1], proposed=tuple(props), prompt_len=3)
+               for pos, props in ARM_STEPS[arm]]
+    req = RequestTrace("p000", f"{arm}-r0", PROMPT_IDS, len(PROMPT_IDS), OUTPUT_IDS, "length")
+    return TraceSet("vllm", f"{arm}-trace", "draft_model", records_frame(records), [req], counters, wall_s=1.5)
+
+
+COUNTERS = {"arm0-100000": Acceptance(source="c", drafts=2.0, draft_tokens=6.0, accepted_tokens=5.0,
+                                      accepted_per_position=(2.0, 2.0, 1.0)),
+            "arm1-10000": Acceptance(source="c", drafts=4.0, draft_tokens=12.0, accepted_tokens=4.0,
+                                     accepted_per_position=(2.0, 1.0, 0.0))}  # one more accepted than the traces
+
+
+def _split(arm: str, step_ms: float) -> pd.DataFrame:
+    from specbook.costsplit import CostSplit, splits_frame
+
+    parts = {"target_forward": step_ms / 2, "draft": step_ms / 4, "sampling": 1.0, "rest": step_ms / 4 - 1.0}
+    return splits_frame([CostSplit("vllm", arm, "profiler", 20, step_ms, parts, 4.0, overhead=1.2)])
+
+
+def _traced_run(root: Path, summary: dict, references: dict[str, pd.DataFrame] | None = None) -> RunContext:
+    """A run folder as collect leaves it with traces and cost_split on: the measured arms' rows, then per arm
+    its trace pass's and profiled pass's frames and done rows (the arms frame holds all three kinds)."""
+    from specbook.traces import tables
+
+    arms = _arms_frame().assign(kind="measured", server=lambda f: f["arm"])
+    ctx = _save_run(root, summary, arms, _intervals_frame())
+    for index, arm in enumerate(ARM_COUNTS):
+        frames = tables.trace_set_frames(_trace_set(arm, COUNTERS[arm]))
+        if references and arm in references:
+            frames[tables.TRACE_REFERENCE] = references[arm]
+        for name, frame in frames.items():
+            ctx.append_frame(name, cf._keyed(frame, arm, "trace"))
+        ctx.append_frame(cf.ARMS_FRAME, pd.DataFrame([{"arm": arm, "kind": "trace", "server": f"{arm}-trace",
+                                                       "index": index, "value": "v", "ready_s": 1.0}]))
+        ctx.append_frame(cf.COST_SPLIT_FRAME, cf._keyed(_split(arm, 40.0 * (index + 1)), arm, "profile"))
+        ctx.append_frame(cf.ARMS_FRAME, pd.DataFrame([{"arm": arm, "kind": "profile", "server": f"{arm}-prof",
+                                                       "index": index, "value": "v", "ready_s": None}]))
+    return ctx
+
+
+@pytest.fixture()
+def traced(tmp_path, draft_dir) -> tuple[cf.ConfigFlipParams, cf.FlipData]:
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir, traces=True, cost_split=True))
+    _, summary = cf.build_arms(params, tmp_path / "flip")
+    return params, cf.load(_traced_run(tmp_path / "run", summary))
+
+
+def test_the_passes_are_off_by_default_and_on_in_the_cpu_demo():
+    base = cf.ConfigFlipParams.model_validate(_params("/x"))
+    assert (base.traces, base.cost_split) == (False, False)
+    demo = load_params(cf.ConfigFlipParams, params_dir() / "config_flip" / "cpu-demo.yaml")
+    assert demo.traces and demo.cost_split
+
+
+def test_load_keeps_the_measured_arms_apart_from_the_passes_done_rows(traced):
+    _, data = traced
+    assert data.arms["arm"].tolist() == list(ARM_COUNTS) and set(data.arms["kind"]) == {"measured"}
+    assert set(data.trace_passes["arm"]) == set(ARM_COUNTS) and len(data.cost_split) == 2
+
+
+def test_the_passes_are_resume_units_keyed_by_arm_and_kind(traced, tmp_path):
+    from specbook import resume
+
+    ctx = RunContext(tmp_path / "run")
+    assert resume.done_units(ctx, cf.UNITS) == {(a, k) for a in ARM_COUNTS for k in cf.UNIT_KINDS}
+    # arm1's profiled pass was cut before its done row: its split is set aside, the rest stays
+    arms = ctx.load_frame(cf.ARMS_FRAME)
+    ctx.save_frame(cf.ARMS_FRAME, arms[~((arms["arm"] == "arm1-10000") & (arms["kind"] == "profile"))])
+    moved = resume.set_aside_unfinished(ctx, cf.UNITS)
+    assert moved["rows"] == {cf.COST_SPLIT_FRAME: 1}
+    assert cf.load(ctx).cost_split["arm"].tolist() == ["arm0-100000"]
+
+
+def test_derived_counts_against_the_counters_per_arm(traced):
+    _, data = traced
+    table = cf.trace_agreement_by_arm(data).set_index("arm")
+    good, off = table.loc["arm0-100000"], table.loc["arm1-10000"]
+    assert (good["derived_drafts"], good["derived_draft_tokens"], good["derived_accepted"]) == (2, 6, 5)
+    assert good["agree"] and good["disagreements"] == "" and good["pass_wall_s"] == 1.5
+    assert (off["derived_drafts"], off["derived_accepted"], off["counter_accepted"]) == (4, 3, 4)
+    assert not off["agree"] and off["disagreements"].startswith("accepted_tokens: derived 3 vs counters 4")
+
+
+def test_proposals_beside_the_emitted_ids(traced):
+    _, data = traced
+    table = cf.proposals_table(data)
+    arm0 = table[table["arm"] == "arm0-100000"]
+    assert arm0["proposed"].tolist() == [[11, 12, 13], [15, 16, 99]]
+    assert arm0["emitted"].tolist() == [[11, 12, 13], [15, 16, 17]] and arm0["accepted"].tolist() == [3, 2]
+    assert table[table["arm"] == "arm1-10000"]["accepted"].tolist() == [0, 1, 0, 2]
+    assert len(cf.proposals_table(data, steps_per_arm=1)) == 2
+
+
+def test_matched_anchors_between_arms_and_the_identical_share(traced):
+    _, data = traced
+    matched = cf.matched_anchors_between_arms(data)
+    assert set(matched["pair"]) == {"arm0-100000 vs arm1-10000"}
+    assert matched["anchor_pos"].tolist() == [4, 8]  # the positions both arms drafted from
+    assert matched["identical"].tolist() == [False, True] and matched["first_diff"].tolist()[0] == 1
+    summary = cf.matched_anchor_summary(matched).iloc[0]
+    assert (summary["matched_anchors"], summary["identical"], summary["identical_share"]) == (2, 1, 0.5)
+    assert cf.identical_share_line(cf.matched_anchor_summary(matched)).endswith("arm0-100000 vs arm1-10000 50% of 2")
+
+
+def test_acceptance_on_the_common_prefix_reads_n_tokens_in_a_steps_vs_b(traced):
+    _, data = traced
+    row = cf.prefix_acceptance_between_arms(data).iloc[0]
+    assert (row["common_prefix"], row["steps_a"], row["steps_b"]) == (8, 2, 4)
+    assert (row["accepted_a"], row["accepted_b"]) == (5, 3)
+    assert row["summary"] == "8 tokens in 2 steps (arm0-100000) vs 4 (arm1-10000)"
+
+
+def test_replay_reference_per_draft_model_arm(tmp_path, draft_dir):
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir, traces=True))
+    _, summary = cf.build_arms(params, tmp_path / "flip")
+    own = pd.DataFrame({"request_id": ["arm0-100000-r0"] * 2, "anchor_pos": [4, 8],
+                        "reference": [[11, 12, 13], [15, 16, 99]]})
+    data = cf.load(_traced_run(tmp_path / "run", summary, {"arm0-100000": own}))
+    table = cf.replay_by_arm(data)
+    assert table.to_dict("records") == [{"arm": "arm0-100000", "anchors": 2, "identical_share": 1.0,
+                                         "systematic_mismatches": "none"}]
+
+
+def test_cost_split_per_arm_as_the_bars_read_it(traced):
+    from specbook import plots
+
+    _, data = traced
+    table = cf.cost_split_table(data)
+    assert table["lane"].tolist() == list(ARM_COUNTS) and table["step_ms"].tolist() == [40.0, 80.0]
+    assert "kind" not in table and "arm" not in table
+    plots.cost_split_bars(table)  # the report's stacked bars take the table as it is
+
+
+def test_analyze_and_the_summary_show_the_passes_only_when_run(traced, tmp_path, draft_dir):
+    params, data = traced
+    result = cf.analyze(data, params)
+    assert result.trace_note == cf.TRACE_NOTE and "untimed" in result.trace_note
+    assert len(result.trace_agreement) == 2 and len(result.cost_split) == 2 and len(result.prefix_acceptance) == 1
+    evidence = result.answer(params).evidence
+    assert evidence[-1] == "identical proposals at matched anchors (untimed trace pass): arm0-100000 vs arm1-10000 50% of 2"
+    plain = cf.analyze(_data(data.flip), params)
+    assert plain.trace_note == "" and plain.trace_agreement.empty and plain.cost_split.empty
+    assert not any("identical proposals" in e for e in plain.answer(params).evidence)
+
+
+def test_a_cut_pass_folder_is_set_aside_beside_never_reused(tmp_path):
+    from specbook import resume
+
+    folder = tmp_path / "traces" / "arm1-10000-trace"
+    assert resume.set_aside_folder(folder) is None  # a fresh run: nothing to move
+    for n in (1, 2):
+        folder.mkdir(parents=True)
+        (folder / "1.jsonl").write_text("{}\n")
+        assert resume.set_aside_folder(folder) == folder.with_name(f"arm1-10000-trace.unfinished-{n}")
+        assert not folder.exists() and (folder.with_name(f"arm1-10000-trace.unfinished-{n}") / "1.jsonl").is_file()

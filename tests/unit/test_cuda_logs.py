@@ -13,13 +13,13 @@ from specbook.engines.vllm.startup import (
     SAME_AS_TARGET,
     SAME_REQUEST_AS_TARGET,
     log_startup_facts,
-    startup_facts,
 )
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 BASELINE = LOGS / "vllm-cuda-0.26-h200-draft-model.log"
 TRITON = LOGS / "vllm-cuda-0.26-h200-draft-model-triton-attn.log"
 NGRAM = LOGS / "vllm-cuda-0.26-h200-ngram.log"
+TRITON_BOTH = LOGS / "vllm-cuda-0.26-h200-draft-model-triton-attn-both.log"  # target and draft asked for TRITON_ATTN
 
 
 @pytest.mark.parametrize(
@@ -62,18 +62,15 @@ def test_attention_backend_flag_reaches_the_target_but_not_the_draft():
 
 
 def test_a_draft_requesting_the_targets_backend_is_recorded_as_that_request():
-    """speculative_config.attention_backend = the target's: vLLM's cached selector logs no draft line. These are
-    the TRITON log's verbatim lines less the draft's own auto line (what that cache leaves); the log of the first
-    such run on a GPU (knob A/B h200-attention-backend-both.yaml) is to replace them."""
-    lines = TRITON.read_text(encoding="utf-8").splitlines(keepends=True)
-    drafter = next(i for i, ln in enumerate(lines) if "Loading drafter model..." in ln)
-    auto = next(i for i, ln in enumerate(lines) if i > drafter and "attention backend out of potential" in ln)
-    facts = startup_facts(lines[:auto] + lines[auto + 1:])
+    """speculative_config.attention_backend = the target's (knob A/B h200-attention-backend-both.yaml, run on the
+    H200 on 2026-11-30, verbatim log): vLLM's cached selector logs no line for the draft."""
+    facts = log_startup_facts(TRITON_BOTH)
     assert (facts["attention_backend_target"], facts["attention_backend_target_selected_by"]) == ("TRITON_ATTN",
                                                                                                   "requested")
     assert (facts["attention_backend_draft"], facts["attention_backend_draft_selected_by"]) == (
         "TRITON_ATTN", SAME_REQUEST_AS_TARGET)
     assert facts["attention_backends"] == ["TRITON_ATTN"]
+    assert sum("attention backend out of potential" in ln for ln in TRITON_BOTH.read_text().splitlines()) == 0
 
 
 def test_ngram_has_no_draft_model_and_no_draft_backend():

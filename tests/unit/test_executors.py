@@ -146,3 +146,16 @@ def test_tensor_parallel_size_from_extra_args():
     assert executors.tensor_parallel_size([]) == 1
     assert executors.tensor_parallel_size(["--tensor-parallel-size", "2"]) == 2
     assert executors.tensor_parallel_size(["-tp=4"]) == 4
+
+
+def test_visible_gpus_from_the_h200s_nvidia_smi_by_index_or_uuid():
+    # verbatim: `nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader` on the lent H200 (2026-11-30)
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "fixtures" / "gpu" / "nvidia-smi-index-uuid-name-h200.csv").read_text()
+    (gpu,) = placement.visible_gpus(text, None)
+    assert gpu == {"index": "0", "uuid": "GPU-bd5a9fd4-969a-6315-ec35-d075a2a4254d", "name": "NVIDIA H200"}
+    assert placement.visible_gpus(text, "0") == [gpu]
+    assert placement.visible_gpus(text, "GPU-bd5a9fd4-969a-6315-ec35-d075a2a4254d") == [gpu]
+    assert placement.visible_gpus(text, "1") == []  # Ray gave this task another GPU
+    assert placement.visible_gpus(None, "0") == []  # no nvidia-smi: a CPU host

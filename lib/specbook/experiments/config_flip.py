@@ -11,6 +11,11 @@ Per arm: a fresh server, a warm-up request, /metrics snapshot, the same prompts 
 snapshot. AL and per-position acceptance come from the counter deltas; per-step time is decode
 time divided by decode steps, with decode steps = (completion tokens - 1) / AL per request
 (each engine step of one sequence emits AL tokens on average; the first token is the prefill's).
+
+After every measured arm, optional passes per arm, each on its own server (never the timed one):
+an untimed trace pass (params `traces`: proposals per step, derived accepted counts against the
+counters, the replay reference, the arms side by side at matched anchors) and a profiled pass
+(params `cost_split`: ms per decode step split into target / draft / sampling / rest).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from specbook.errors import ExperimentError, ModelNotPreparedError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.params import ExperimentParams
 from specbook.request_failures import RequestMeasurement
+from specbook.traces import tables as trace_tables
 
 FLIP_PLACEHOLDER = "@flip"
 FLIP_DIRNAME = "flip"
@@ -45,9 +51,18 @@ ARMS_FRAME = "arms"
 REQUESTS_FRAME = "requests"
 INTERVALS_FRAME = "intervals"
 FLIP_JSON = "flip"
-# A unit of work is one arm's server; its arms row (appended last) says it finished.
+COST_SPLIT_FRAME = "cost_split"
+# A unit of work is one arm x kind server: kind "measured" (the arm's timed window), "trace" (its untimed trace
+# pass), "profile" (its profiled pass). Its arms row (appended last, `server` naming it) says it finished. Runs
+# saved before kinds existed hold measured arms only, each server named as its arm (the callable default).
+UNIT_KINDS = ("measured", "trace", "profile")
 UNITS = resume.register_units("config_flip", resume.Units(
-    done_frame=ARMS_FRAME, key=("arm",), frames=(ARMS_FRAME, REQUESTS_FRAME, INTERVALS_FRAME), server="arm"))
+    done_frame=ARMS_FRAME, key=("arm", "kind"),
+    frames=(ARMS_FRAME, REQUESTS_FRAME, INTERVALS_FRAME, *trace_tables.FRAMES, COST_SPLIT_FRAME),
+    server="server", key_defaults={"kind": "measured", "server": lambda frame: frame["arm"]}))
+TRACE_NOTE = ("Proposal traces come from a separate, untimed trace pass per arm (its own server, run after the "
+              "measured arms: vLLM with specbook's trace plugin, llama.cpp at debug verbosity -v), on the measured "
+              "prompts (the first `trace_num_prompts`); no timed figure comes from it.")
 
 
 class FlipSpec(BaseModel):
@@ -106,6 +121,13 @@ class ConfigFlipParams(ExperimentParams):
     )
     measurement: RequestMeasurement = Field(default_factory=RequestMeasurement,
                                             description="max_failed_requests: per arm")
+    traces: bool = Field(False, description="after the measured arms: an untimed trace pass per arm (its own "
+                                            "server, tracing on); draft_model arms also get the replay reference")
+    trace_num_prompts: int | None = Field(None, ge=1, description="trace pass: the first N prompts (default all)")
+    cost_split: bool = Field(False, description="after the measured arms: a profiled pass per arm (its own server): "
+                                                "ms per decode step split into parts")
+    cost_split_num_prompts: int = Field(2, ge=1, description="profiled pass: the first N prompts, sent three "
+                                                             "times (warm-up, unprofiled, profiled)")
 
     @model_validator(mode="after")
     def _one_placeholder(self) -> ConfigFlipParams:
@@ -196,9 +218,15 @@ class FlipData:
     """What one config-flip run measured (all raw; the analysis functions derive the rest)."""
 
     flip: dict[str, Any]  # folders, values, the proven diffs, original value
-    arms: pd.DataFrame  # one row per arm: counter deltas, elapsed, server facts
+    arms: pd.DataFrame  # one row per measured arm: counter deltas, elapsed, server facts
     requests: pd.DataFrame  # one row per (arm, prompt)
     intervals: pd.DataFrame  # SpecDecoding log intervals per arm (may be empty)
+    # optional passes (params traces / cost_split), keyed by arm; empty in runs without them
+    trace_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_passes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_reference: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def resolve_folder(name_or_path: str) -> Path:
@@ -295,9 +323,9 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
 
     requests = _chat_requests(params)
     warmup = _chat_requests(params.model_copy(update={"num_prompts": 1, "max_tokens": 8}), prefix="warmup")
-    units = progress.Units("config-flip arm", len(labels))  # console only (specbook.progress)
+    units = progress.Units("config-flip server", _planned_units(params))  # console only (specbook.progress)
     for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
-        if (label,) in done:
+        if (label, "measured") in done:
             units.skip(label)
             continue
         units.start(f"{label} ({params.flip.field} = {json.dumps(folder.value)})")
@@ -308,7 +336,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
                 server.send(warmup)
             window = server.measure(requests, concurrency=params.concurrency)
         row = {
-            "arm": label, "index": index, "value": json.dumps(folder.value),
+            "arm": label, "kind": "measured", "server": label, "index": index, "value": json.dumps(folder.value),
             "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
             "folder": str(folder.path), "requests": len(window.records), "elapsed_s": window.wall_s,
             "ready_s": server.ready_s, **window.acceptance.counts(),
@@ -316,28 +344,97 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
         frame = window.requests_frame()
         frame.insert(0, "arm", label)
         frame.insert(1, "value", json.dumps(folder.value))
+        frame["kind"] = "measured"
         # Saved after every arm: a later arm's failure keeps what the earlier ones measured. The arms row
         # goes last: it marks the arm done for a resume.
         ctx.append_frame(REQUESTS_FRAME, frame)
         intervals = window.log_intervals()
         if len(intervals):
             intervals.insert(0, "arm", label)
+            intervals["kind"] = "measured"
             ctx.append_frame(INTERVALS_FRAME, intervals)
         ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
+    for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
+        _extra_passes(params, ctx, index, label, json.dumps(folder.value), cfg, done, units)
     return load(ctx)
+
+
+def _planned_units(params: ConfigFlipParams) -> int:
+    return len(params.flip.values) * (1 + params.traces + params.cost_split)
+
+
+def _keyed(frame: pd.DataFrame, arm: str, kind: str) -> pd.DataFrame:
+    out = frame.copy()
+    out.insert(0, "arm", arm)
+    out.insert(1, "kind", kind)
+    return out
+
+
+def _extra_passes(params: ConfigFlipParams, ctx: Any, index: int, label: str, value: str, cfg: EngineConfig,
+                  done: set, units: Any) -> None:
+    """The arm's untimed trace pass and its profiled pass, each its own server and unit, after every measured arm
+    (tracing and profiling slow a server down: never in the timed one)."""
+    from specbook import costsplit, harness
+    from specbook.traces import trace_pass, traced_config
+
+    def done_row(kind: str, server_name: str, ready_s: float | None) -> pd.DataFrame:
+        return pd.DataFrame([{"arm": label, "kind": kind, "server": server_name, "index": index, "value": value,
+                              "ready_s": ready_s}])
+
+    requests = _chat_requests(params)
+    if params.traces:
+        name = f"{label}-trace"
+        if (label, "trace") in done:
+            units.skip(name)
+        else:
+            traced = requests[: params.trace_num_prompts]
+            units.start(f"{name} (untimed trace pass, first {len(traced)} prompt(s))")
+            folder = Path(ctx.run_dir) / "traces" / name
+            resume.set_aside_folder(folder)  # a resumed run: the cut attempt's records are never read as these
+            extra = {"experiment": "config_flip", "field": params.flip.field, "value": value, "pass": "trace"}
+            with harness.serve(traced_config(cfg, folder), ctx, name, extra=extra) as server:
+                ts = trace_pass(server, traced, folder)
+            frames = trace_tables.trace_set_frames(ts)
+            spec = cfg.speculative_config or {}
+            if ts.method == "draft_model" and ts.untraceable is None:
+                frames[trace_tables.TRACE_REFERENCE] = trace_tables.replay_for(
+                    ts, str(spec["model"]), int(spec.get("num_speculative_tokens") or 1))
+            for frame_name, frame in frames.items():
+                ctx.append_frame(frame_name, _keyed(frame, label, "trace"))
+            ctx.append_frame(ARMS_FRAME, done_row("trace", name, server.ready_s))
+    if params.cost_split:
+        name = f"{label}-prof"
+        if (label, "profile") in done:
+            units.skip(name)
+        else:
+            units.start(f"{name} (profiled pass, first {min(params.cost_split_num_prompts, len(requests))} prompt(s))")
+            resume.set_aside_folder(Path(ctx.run_dir) / costsplit.PROFILES_DIR / name)  # nor its profiler traces
+            split = costsplit.profiled_pass(cfg, requests[: params.cost_split_num_prompts], ctx, name=name, lane=label)
+            ctx.append_frame(COST_SPLIT_FRAME, _keyed(costsplit.splits_frame([split]), label, "profile"))
+            ctx.append_frame(ARMS_FRAME, done_row("profile", name, None))
 
 
 def load(ctx: Any) -> FlipData:
     """Read back what collect saved (reuse_data / `specbook render`); frames of older runs are upgraded."""
     from specbook.engines.vllm.logparse import upgrade_intervals_frame
 
-    intervals = ctx.load_frame(INTERVALS_FRAME) if ctx.has_frame(INTERVALS_FRAME) else pd.DataFrame()
-    arms = upgrade_position_columns(ctx.load_frame(ARMS_FRAME)).rename(columns={"accepted": ACCEPTED})
+    def maybe_frame(name: str) -> pd.DataFrame:
+        return ctx.load_frame(name) if ctx.has_frame(name) else pd.DataFrame()
+
+    intervals = maybe_frame(INTERVALS_FRAME)
+    units = UNITS.upgraded(ctx.load_frame(ARMS_FRAME))  # the measured arms' rows and the extra passes' done rows
+    arms = units[units["kind"] == "measured"].reset_index(drop=True)
+    arms = upgrade_position_columns(arms).rename(columns={"accepted": ACCEPTED})
     return FlipData(
         flip=ctx.load_json(FLIP_JSON),
         arms=arms,
         requests=ctx.load_frame(REQUESTS_FRAME),
         intervals=upgrade_intervals_frame(intervals) if len(intervals) else intervals,
+        trace_steps=maybe_frame(trace_tables.TRACE_STEPS),
+        trace_requests=maybe_frame(trace_tables.TRACE_REQUESTS),
+        trace_passes=maybe_frame(trace_tables.TRACE_PASSES),
+        trace_reference=maybe_frame(trace_tables.TRACE_REFERENCE),
+        cost_split=maybe_frame(COST_SPLIT_FRAME),
     )
 
 
@@ -552,6 +649,16 @@ class FlipResult:
     verdict: FlipVerdict
     # per arm: requests, failed, the bound (measurement.max_failed_requests), valid, why an arm is left out
     request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # proposal traces (params traces; a separate untimed pass per arm): "" / empty in runs without them
+    trace_note: str = ""
+    trace_agreement: pd.DataFrame = field(default_factory=pd.DataFrame)
+    replay: pd.DataFrame = field(default_factory=pd.DataFrame)
+    proposals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    matched_anchors: pd.DataFrame = field(default_factory=pd.DataFrame)
+    matched_summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    prefix_acceptance: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per-step cost split per arm (params cost_split; a separate profiled pass per arm)
+    cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def answer(self, params: ConfigFlipParams) -> report_view.Summary:
         """The report's summary block: each arm against the best arm (collapsed or kept), and output equality."""
@@ -589,13 +696,128 @@ def flip_answer(result: FlipResult, params: ConfigFlipParams) -> report_view.Sum
                  f"({' vs '.join(json.dumps(x) for x in params.flip.values)}) change draft acceptance?",
         headlines=heads,
         evidence=[f"{len(s)} arms, one server each", f"{int(s['requests'].sum())} requests ({failed} failed)",
-                  f"{int(s['drafts'].sum())} drafts counted", "arms proven to differ only in the flipped field"],
+                  f"{int(s['drafts'].sum())} drafts counted", "arms proven to differ only in the flipped field",
+                  *([line] if (line := identical_share_line(result.matched_summary)) else [])],
     )
 
 
 def request_failure_table(data: FlipData, max_failed: int) -> pd.DataFrame:
     """Per arm: its requests, how many failed, and whether it stays in the analysis."""
     return request_failures.failure_table(data.requests, ["arm"], max_failed)
+
+
+# -- the optional passes (params traces / cost_split): pure functions of their frames, keyed by arm ------------
+
+
+def _arm_part(frame: pd.DataFrame, arm: str) -> pd.DataFrame:
+    return frame[frame["arm"] == arm] if len(frame) else frame
+
+
+def _traced_arms(data: FlipData) -> list[str]:
+    """The arms with a trace pass, in arm order."""
+    if data.trace_passes.empty:
+        return []
+    traced = set(data.trace_passes["arm"])
+    return [a for a in data.arms.sort_values("index")["arm"] if a in traced]
+
+
+def trace_agreement_by_arm(data: FlipData) -> pd.DataFrame:
+    """Per arm: the accepted counts derived from its traced proposals against the output, beside the engine's
+    counters for the same (untimed) window; `agree` says whether the counters lie within the derived counts."""
+    rows = [{"arm": p["arm"], **trace_tables.pass_agreement(p, _arm_part(data.trace_steps, p["arm"]))}
+            for _, p in data.trace_passes.iterrows()]
+    return pd.DataFrame(rows, columns=["arm", *trace_tables.AGREEMENT_COLUMNS])
+
+
+def replay_by_arm(data: FlipData) -> pd.DataFrame:
+    """Per draft_model arm: its traced proposals against the replay reference (its own draft folder, flipped
+    config included, run greedily in transformers): anchors, share identical, systematic mismatches named."""
+    cols = ["arm", "anchors", "identical_share", "systematic_mismatches"]
+    if data.trace_reference.empty:
+        return pd.DataFrame(columns=cols)
+    rows = [{"arm": arm, **trace_tables.replay_comparison(_arm_part(data.trace_steps, arm), ref,
+                                                          _arm_part(data.trace_requests, arm))}
+            for arm, ref in data.trace_reference.groupby("arm", sort=False)]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def proposals_table(data: FlipData, steps_per_arm: int = 12) -> pd.DataFrame:
+    """Per arm, the first `steps_per_arm` verified steps of its first traced prompt: proposed ids beside the ids
+    the target emitted there and the accepted count derived from them (the whole of it: data/trace_steps)."""
+    parts = []
+    for arm in _traced_arms(data):
+        steps = _arm_part(data.trace_steps, arm)
+        table = trace_tables.proposals_vs_output(steps, _arm_part(data.trace_requests, arm))
+        if len(table):
+            table = table[table["prompt_id"] == table["prompt_id"].iloc[0]].head(steps_per_arm)
+            parts.append(_keyed(table, arm, "trace").drop(columns=["kind"]))
+    cols = ["arm", "prompt_id", "anchor_pos", "proposed", "emitted", "accepted", "cut"]
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
+def _pairs(data: FlipData) -> list[tuple[str, str]]:
+    """Each traced arm against the first traced arm (as the outputs table compares them)."""
+    arms = _traced_arms(data)
+    return [(arms[0], b) for b in arms[1:]]
+
+
+def pair_label(a: str, b: str) -> str:
+    return f"{a} vs {b}"
+
+
+def matched_anchors_between_arms(data: FlipData) -> pd.DataFrame:
+    """Per pair of arms (each against the first): every anchor both reached with the same prefix (same prompt
+    and emitted ids), their proposals side by side (`proposed_a` = the first arm), identical or where they first
+    differ (1-based)."""
+    parts = []
+    for a, b in _pairs(data):
+        m = trace_tables.matched_pair(_arm_part(data.trace_steps, a), _arm_part(data.trace_requests, a),
+                                      _arm_part(data.trace_steps, b), _arm_part(data.trace_requests, b))
+        m.insert(0, "pair", pair_label(a, b))
+        parts.append(m)
+    cols = ["pair", *trace_tables.MATCHED_COLUMNS]
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
+def matched_anchor_summary(matched: pd.DataFrame) -> pd.DataFrame:
+    """Per pair of arms: matched anchors, the share with identical proposals, where the others first differ."""
+    return trace_tables.matched_summary(matched, "pair")
+
+
+def prefix_acceptance_between_arms(data: FlipData) -> pd.DataFrame:
+    """Per pair of arms x prompt traced in both: the common prefix of their emitted ids and each arm's
+    speculative steps and accepted draft tokens on it ("96 tokens in 25 steps (arm0) vs 80 (arm1)")."""
+    cols = ["pair", "prompt_id", "common_prefix", "tokens_a", "tokens_b", "steps_a", "steps_b", "accepted_a",
+            "accepted_b", "summary"]
+    rows = []
+    for a, b in _pairs(data):
+        ra, rb = _arm_part(data.trace_requests, a), _arm_part(data.trace_requests, b)
+        sa, sb = _arm_part(data.trace_steps, a), _arm_part(data.trace_steps, b)
+        for pa in ra.itertuples(index=False):
+            match = rb[rb["prompt_id"] == pa.prompt_id]
+            if match.empty or sa.empty or sb.empty:
+                continue
+            pb = next(match.itertuples(index=False))
+            out_a, out_b = trace_tables.as_ids(pa.output_ids), trace_tables.as_ids(pb.output_ids)
+            n, acc_a, acc_b = trace_tables.prefix_pair(sa[sa["request_id"] == str(pa.request_id)], out_a,
+                                                       sb[sb["request_id"] == str(pb.request_id)], out_b)
+            rows.append({"pair": pair_label(a, b), "prompt_id": pa.prompt_id, "common_prefix": n,
+                         "tokens_a": len(out_a), "tokens_b": len(out_b), "steps_a": acc_a.steps,
+                         "steps_b": acc_b.steps, "accepted_a": acc_a.accepted_tokens, "accepted_b": acc_b.accepted_tokens,
+                         "summary": f"{n} tokens in {acc_a.steps} steps ({a}) vs {acc_b.steps} ({b})"})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def identical_share_line(summary: pd.DataFrame) -> str:
+    """The summary block's evidence line (traces.tables.identical_share_line), per pair."""
+    return trace_tables.identical_share_line(summary, by="pair")
+
+
+def cost_split_table(data: FlipData) -> pd.DataFrame:
+    """The profiled passes' splits per arm (costsplit.splits_frame rows; `lane` is the arm, `source` says where
+    each figure comes from, `overhead` the profiled wall over the unprofiled one)."""
+    frame = data.cost_split
+    return frame.drop(columns=["arm", "kind"]) if len(frame) else frame
 
 
 def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
@@ -605,11 +827,20 @@ def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
     left_out = request_failures.left_out(failures, ["arm"])
     kept = [a for a in data.arms.sort_values("index")["arm"] if a not in left_out]
     equality = output_equality(data, kept)
+    traced = not data.trace_passes.empty
+    matched = matched_anchors_between_arms(data) if traced else pd.DataFrame()
     return FlipResult(
         description=describe_flip(data), differences=diff_table(data), summary=summary, per_position=positions,
         per_position_table=per_position_table(positions), intervals_by_arm=intervals_by_arm(data),
         output_equality=equality, verdict=flip_verdict(summary, equality, params.collapse_fraction, left_out),
         request_failures=failures,
+        trace_note=TRACE_NOTE if traced else "",
+        trace_agreement=trace_agreement_by_arm(data) if traced else pd.DataFrame(),
+        replay=replay_by_arm(data) if traced else pd.DataFrame(),
+        proposals=proposals_table(data) if traced else pd.DataFrame(),
+        matched_anchors=matched, matched_summary=matched_anchor_summary(matched) if traced else pd.DataFrame(),
+        prefix_acceptance=prefix_acceptance_between_arms(data) if traced else pd.DataFrame(),
+        cost_split=cost_split_table(data),
     )
 
 
