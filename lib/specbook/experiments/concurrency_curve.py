@@ -28,7 +28,7 @@ from specbook.acceptance import Acceptance
 from specbook.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
 from specbook.engines.base import EngineConfig
 from specbook.errors import RunError
-from specbook.executors import ExecutorParams
+from specbook.executors import ExecutorParams, placement
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.params import ExperimentParams, load_params
 from specbook.workloads.params import WorkloadParams
@@ -340,6 +340,8 @@ class CurveResult:
         return lines
 
     ci_label: str = "95% t interval"
+    # per arm x place (node/GPU) its servers ran on (executors.placement), with the mean window tok/s
+    placement: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def answer(self, params: ConcurrencyCurveParams) -> Any:
         """The report's summary block: per knob, its AL effect at each level; per arm, where tok/s saturates."""
@@ -387,8 +389,13 @@ def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
     failed = int(windows["n_errors"].sum())
     if failed:
         notes.append(f"{failed} request(s) failed across all windows; tok/s counts only completed requests")
+    runs = windows.drop_duplicates("run_id")
+    confined = placement.confined_arms(runs)
+    if confined:
+        notes.append(f"arm(s) {confined} ran on one GPU only while the run used several: a GPU-to-GPU difference "
+                     "would sit in their curve (executor.assignment: spread avoids this)")
     return CurveResult(windows, curve, deltas, saturation, orders, failed, notes,
-                       ci_label=f"{ci:.0%} t interval")
+                       ci_label=f"{ci:.0%} t interval", placement=placement.placement_table(runs, "tok_s"))
 
 
 def load_params_file(path: str) -> ConcurrencyCurveParams:
