@@ -1,5 +1,8 @@
 """e2e: `specbook run` of a fixture experiment that starts a real vLLM server with the embedded model.
 
+The run is conftest's fixture_serve_run (once per session, with secrets planted for test_secrets_never_written);
+the render test re-renders a copy of it, so the shared run folder stays as the run left it.
+
 What it proves about the runner and provenance: the server's record (argv, redacted env, versions,
 times) reaches manifest.json, its log (with the `Env:` first line) stays in logs/, the frames stay in
 data/, and `specbook render` re-renders from data/ without starting a server.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -37,20 +41,8 @@ def specbook(*args: str, with_fixtures: bool = True) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def served_run(tmp_path_factory, embedded_target):
-    outputs = tmp_path_factory.mktemp("outputs")
-    proc = specbook(
-        "run",
-        "fixture_serve",
-        "-f",
-        str(FIXTURES / "params" / "fixture_serve" / "ngram.yaml"),
-        "--outputs",
-        str(outputs),
-        "--no-progress",
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = dict(ln.split(": ", 1) for ln in proc.stdout.splitlines() if ": " in ln)
-    return Path(lines["run folder"])
+def served_run(fixture_serve_run) -> Path:
+    return fixture_serve_run
 
 
 def test_manifest_records_the_real_server(served_run):
@@ -95,7 +87,8 @@ def test_ingest_reads_the_run_server_log(served_run):
     assert 0 < record["accepted_tokens"] <= spec["accepted_tokens"] and record["broken_lines"] == 0
 
 
-def test_render_reuses_data_without_a_server(served_run):
+def test_render_reuses_data_without_a_server(served_run, tmp_path):
+    served_run = Path(shutil.copytree(served_run, tmp_path / served_run.name))  # the shared run stays unrendered
     before = (served_run / "servers.jsonl").read_text()
     proc = specbook("render", str(served_run), "--no-progress")  # the fixture experiment's own notebook
     assert proc.returncode == 0, proc.stderr

