@@ -496,11 +496,7 @@ def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpe
         else:
             units.start(f"{label} ({which}, untimed trace pass, {len(prompts)} prompts)")
             folder = Path(ctx.run_dir) / "traces" / label
-            if folder.exists():  # an unfinished earlier attempt's records: kept beside, never read as this pass's
-                n = 1
-                while folder.with_name(f"{label}.unfinished-{n}").exists():
-                    n += 1
-                folder.rename(folder.with_name(f"{label}.unfinished-{n}"))
+            resume.set_aside_folder(folder)  # an unfinished earlier attempt's records: kept beside, never read
             requests = [build_request(params, p) for p in prompts]
             extra = {"experiment": "cross_engine", "side": which, "lane": lane.name, "pass": "trace"}
             with harness.serve(traced_config(cfg, folder), ctx, label, extra=extra) as server:
