@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbook import resume
 from specbook.errors import EngineError
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
         raise EngineError(f"profiled pass: no profiler for engine {server_cfg.engine!r} (known: {sorted(_PROFILERS)})")
     profiler = importlib.import_module(module_name)
     trace_dir = Path(run.run_dir) / PROFILES_DIR / name
+    resume.set_aside_folder(trace_dir)  # a resumed run: a cut attempt's profiler traces are never read as these
     trace_dir.mkdir(parents=True, exist_ok=True)
     cfg = profiler.profiled_config(server_cfg, trace_dir)
     with serve(cfg, run, name, extra={"profiled_pass": True, "lane": lane}) as server:

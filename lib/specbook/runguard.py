@@ -38,6 +38,7 @@ RUN_TOKEN_ENV = "SPECBOOK_RUN_TOKEN"
 # Longer than a server's own teardown (TERM 20 s + KILL 10 s): the kernel gets the first chance.
 SERVER_STOP_BOUND_S = 45.0
 TERM_GRACE_S = 10.0
+UNIT_RECORD_BOUND_S = 15.0  # a Ray unit's server record after its server is gone (a log parse and one write)
 KILL_GRACE_S = 5.0
 _POLL_S = 0.2
 DONE = b"done\n"
@@ -189,6 +190,10 @@ def guarded(run_dir: Path) -> Iterator[Guard]:
             guard.forced = (f"the runner stopped server process(es) {_describe(left)} itself after "
                             f"{SERVER_STOP_BOUND_S:.0f} s" + (f"; {_describe(survivors)} survived SIGKILL"
                                                                if survivors else ""))
+        else:  # a Ray task records its server after the server is gone: let it, before its worker is ended
+            from specbook.executors.staging import wait_units_ended
+
+            wait_units_ended(guard.token, UNIT_RECORD_BOUND_S)
         guard.servers_stopped_s = round(time.monotonic() - t0, 2)
         raise KeyboardInterrupt(f"signal {name}")
 

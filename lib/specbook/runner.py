@@ -572,6 +572,7 @@ def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel
             failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress,
                                           params_file=kernel_params)
     except BaseException as exc:  # Ctrl-C or SIGTERM: keep what was measured, record it, let it through
+        _recover_staged(guard, run_dir)
         manifest.status = "interrupted"
         manifest.failed_cell = _last_started_cell(exc, run_dir / REPORT_IPYNB, nb_path)
         _scrub_report(run_dir, shown.scrub)
@@ -582,6 +583,7 @@ def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel
                           + (f" ({how})" if how and how not in str(exc) else ""))
         _finalize(manifest, run_dir, t0, shown.scrub)
         raise
+    _recover_staged(guard, run_dir)
     manifest.failed_cell = failed_cell
     _scrub_report(run_dir, shown.scrub)
     html, render_error = _try_render(run_dir, f"{name} {run_dir.name}")
@@ -592,6 +594,23 @@ def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel
     _finalize(manifest, run_dir, t0, shown.scrub)
     result = RunResult(run_dir, manifest.status, failed_cell, run_dir / REPORT_IPYNB, html, manifest)
     return _raise_if_failed(result, f"run of {name}")
+
+
+def _recover_staged(guard: runguard.Guard | None, run_dir: Path) -> None:
+    """Units the Ray executor staged on this host and the ended kernel did not merge: their server records and
+    logs into the run folder (a kernel stopped right after Ctrl-C tore its servers down)."""
+    if guard is None:
+        return
+    from specbook.executors.staging import recover_interrupted
+
+    try:
+        keys = recover_interrupted(guard.token, RunContext(run_dir))
+    except (OSError, ValueError) as exc:
+        log.warning("could not recover the staged units of %s: %s", run_dir, exc)
+        return
+    if keys:
+        log.info("recovered the server records and logs of %d unit(s) the kernel had not merged: %s",
+                 len(keys), ", ".join(keys))
 
 
 def _finalize(manifest: Manifest, run_dir: Path, t0: float, scrub: secrets.Scrubber | None = None) -> None:

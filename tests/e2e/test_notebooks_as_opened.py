@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+from tests.e2e.as_jupyter import NOTEBOOKS, execute_as_jupyter, outputs_text, set_parameters
 
-from specbook.kernels import IPCKernelManager
-from specbook.paths import project_root
 from specbook.runner import render_html
 
 pytestmark = pytest.mark.e2e
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-NOTEBOOKS = project_root() / "notebooks"
 EXTERNAL = re.compile(r"<(script|link|img|iframe)\b[^>]*\b(src|href)=[\"']?(https?:)?//", re.IGNORECASE)
 
 # analysis settings a reader tweaks, and what the re-analysed report must then say
@@ -34,24 +30,6 @@ REANALYSIS = {
     "config_flip": ('{"collapse_fraction": 0.5}', "collapse at &lt;= 50%"),
     "cross_engine": ('{"ci_level": 0.9}', "90% CI"),
 }
-
-
-def set_parameters(nb, **values: str) -> None:
-    """Edit the parameters cell as a person would: replace the right-hand side of each named assignment."""
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    for name, value in values.items():
-        cell.source, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", cell.source, count=1, flags=re.MULTILINE)
-        assert n == 1, f"the parameters cell has no line '{name} = ...'"
-
-
-def execute_as_jupyter(nb, timeout: int) -> None:
-    NotebookClient(nb, kernel_name="specbook", timeout=timeout, kernel_manager_class=IPCKernelManager,
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-
-
-def outputs_text(nb) -> str:
-    return "\n".join(str(o.get("text", "")) + str((o.get("data") or {}).get("text/html", ""))
-                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 @pytest.mark.parametrize("name", sorted(REANALYSIS))
@@ -84,15 +62,12 @@ def test_a_notebook_reanalyses_a_saved_run_with_new_settings(name, tmp_path):
     assert "data:image/png;base64," in html  # figures embedded
 
 
-def test_config_flip_runs_as_opened_with_its_defaults(tmp_path, monkeypatch, embedded_target):
-    """Run all, nothing edited: the CPU demo params, a new run folder under outputs/ (here SPECBOOK_OUTPUTS)."""
-    monkeypatch.setenv("SPECBOOK_OUTPUTS", str(tmp_path / "outputs"))  # the kernel inherits this environment
-    nb = nbformat.read(NOTEBOOKS / "config_flip.ipynb", as_version=4)
-    t0 = time.monotonic()
-    execute_as_jupyter(nb, timeout=3000)  # 2-3 min on an idle 2-core machine; far more when it is shared
-    print(f"config_flip as opened: {time.monotonic() - t0:.0f} s")
-    runs = list((tmp_path / "outputs" / "config_flip").iterdir())
+def test_config_flip_runs_as_opened_with_its_defaults(config_flip_as_opened):
+    """Run all, nothing edited: the CPU demo params, a new run folder under outputs/ (here SPECBOOK_OUTPUTS).
+    test_config_flip_demo checks the demo's findings in the same run."""
+    nb, runs = config_flip_as_opened.notebook, config_flip_as_opened.run_dirs
     assert len(runs) == 1 and (runs[0] / "params.yaml").is_file() and (runs[0] / "summary.json").is_file()
+    assert not (runs[0] / "manifest.json").exists()  # only the runner records one
     # the measured arms, then each arm's untimed trace pass and profiled pass (the demo's traces / cost_split)
     assert sorted(p.name for p in (runs[0] / "logs").glob("*.log")) == [
         "arm0-100000.0-prof.log", "arm0-100000.0-trace.log", "arm0-100000.0.log",

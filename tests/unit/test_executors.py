@@ -103,6 +103,31 @@ def test_merge_appends_frames_with_the_done_frame_last_and_writes_logs_and_serve
     assert set(written) == {"data/requests.parquet", "data/runs.parquet", "logs/u1.log", "servers.jsonl"}
 
 
+def test_an_interrupted_units_staged_records_and_log_are_recovered_once_and_its_frames_left_out(tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.setattr(staging.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    token = "tok"
+    for key in ("u1", "u2"):  # two cancelled units the kernel never merged; u1's record it had merged already
+        unit = RunContext(staging.staging_dir(token, key))
+        unit.append_frame("requests", pd.DataFrame([{"run_id": key, "prompt_id": "p"}]))
+        unit.log_path(key).write_text(f"{key} log\n")
+        unit.record_server(key, ["llama-server"], {}, {}, None, status="interrupted")
+    staging.mark_ended(staging.staging_dir(token, "u1"))
+    assert staging.wait_units_ended(token, timeout_s=0) == ["u2"]  # u2 has not recorded its server yet
+    staging.mark_ended(staging.staging_dir(token, "u2"))
+    assert staging.wait_units_ended(token, timeout_s=0) == []
+    assert staging.ENDED_MARK not in staging.pack(staging.staging_dir(token, "u1"))
+    run = RunContext(tmp_path / "run")
+    u1_line = (staging.staging_dir(token, "u1") / "servers.jsonl").read_text().splitlines()[0]
+    (run.run_dir / "servers.jsonl").write_text(u1_line + "\n")
+    assert staging.recover_interrupted(token, run) == ["u1", "u2"]
+    assert [(r.name, r.status) for r in run.servers()] == [("u1", "interrupted"), ("u2", "interrupted")]
+    assert run.log_path("u2").read_text() == "u2 log\n"
+    assert not run.has_frame("requests")  # not done: --resume runs the unit again
+    assert not (tmp_path / "tmp" / staging.STAGING_ROOT / token).exists()
+    assert staging.recover_interrupted(token, run) == []
+
+
 def test_merge_refuses_a_file_outside_the_run_folder(tmp_path):
     with pytest.raises(ValueError, match="must lie inside the run folder"):
         staging.merge({"../escape.txt": b"x"}, RunContext(tmp_path / "run"), done_frame="runs")

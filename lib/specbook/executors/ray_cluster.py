@@ -19,17 +19,15 @@ import contextlib
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook import progress
 from specbook.errors import ParamsError, RunError
 from specbook.executors.placement import assign_slots, detect, placed
-from specbook.executors.staging import merge, pack
+from specbook.executors.staging import collect_staged, mark_ended, merge, pack, staging_dir
 
 if TYPE_CHECKING:
     from specbook.executors import Execution, ExecutorParams, Unit
@@ -37,7 +35,6 @@ if TYPE_CHECKING:
 
 CANCEL_WAIT_S = 45.0  # as long as the runner waits for servers after Ctrl-C (runguard.SERVER_STOP_BOUND_S)
 PLACEMENT_TIMEOUT_S = 120.0
-STAGING_ROOT = "specbook-units"
 
 
 def _ray():
@@ -47,11 +44,6 @@ def _ray():
         raise ParamsError("executor.kind: 'ray' needs the ray package (pip install 'specbook[ray]', or "
                           "pip install ray==2.60.0); it is not installed in this environment") from None
     return ray
-
-
-def staging_dir(token: str, key: str) -> Path:
-    """Where a unit stages its files on its node (the same path on every node)."""
-    return Path(tempfile.gettempdir()) / STAGING_ROOT / token / key
 
 
 def unit_task(call: Callable[..., Any], key: str, token: str, slot: int, env: dict[str, str]) -> dict[str, Any]:
@@ -67,15 +59,18 @@ def unit_task(call: Callable[..., Any], key: str, token: str, slot: int, env: di
     ctx = RunContext(folder)
     where = detect("ray", slot=slot, node_id=ray.get_runtime_context().get_node_id())
     error = None
+    cancelled = False
     try:
         with placed(where):
             call(ctx)
     except KeyboardInterrupt:  # ray.cancel: the harness has torn the server down and recorded it interrupted
-        error = "KeyboardInterrupt: cancelled (Ctrl-C on the driver)"
+        error, cancelled = "KeyboardInterrupt: cancelled (Ctrl-C on the driver)", True
     except BaseException as exc:  # the unit fails alone; its files (failed row, log, record) still go back
         error = f"{type(exc).__name__}: {exc}"[:4000]
+    mark_ended(folder)
     files = pack(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    if not cancelled:  # a cancelled task's answer may never reach the driver (TaskCancelledError): the folder
+        shutil.rmtree(folder, ignore_errors=True)  # stays for collect_staged
     return {"files": files, "error": error, "placement": where.__dict__}
 
 
@@ -85,7 +80,8 @@ def stop_run_processes(token: str) -> dict[str, Any]:
 
     servers, _ = runguard.run_processes(token)
     left = runguard.stop(servers)
-    return {"node": socket.gethostname(), "stopped": len(servers), "left": [p.pid for p in left]}
+    return {"node": socket.gethostname(), "stopped": len(servers), "left": [p.pid for p in left],
+            "staged": collect_staged(token)}
 
 
 def describe_cluster(ray: Any) -> dict[str, Any]:
@@ -222,7 +218,7 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
                         stop = True
                 submit_ready()
         except KeyboardInterrupt:
-            _cancel(ray, in_flight, ctx, done, done_frame, token)
+            _cancel(ray, in_flight, ctx, done_frame, token)
             raise
         if done.failed:
             names = "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in done.failed.items())
@@ -252,6 +248,7 @@ def _finish(ray: Any, ref: Any, unit: Unit, ctx: RunContext, done: Execution, do
         done.failed[unit.key] = error
         return
     merge(out["files"], ctx, done_frame=done_frame)
+    shutil.rmtree(staging_dir(token, unit.key), ignore_errors=True)  # a cancelled task kept it; merged now
     if out["error"]:
         if not _row_written(ctx, done_frame, unit):
             _failed_row(unit, ctx, done_frame, out["error"])
@@ -280,7 +277,7 @@ def _failed_row(unit: Unit, ctx: RunContext, done_frame: str, error: str) -> Non
     ctx.append_frame(done_frame, pd.DataFrame([row]))
 
 
-def _cancel(ray: Any, in_flight: dict[Any, tuple[int, Unit]], ctx: RunContext, done: Execution, done_frame: str,
+def _cancel(ray: Any, in_flight: dict[Any, tuple[int, Unit]], ctx: RunContext, done_frame: str,
             token: str) -> None:
     """Ctrl-C: every task is asked to stop (its server torn down, recorded interrupted) and waited for; what does
     not end in CANCEL_WAIT_S is force-cancelled; then every node stops what still carries the run's token."""
@@ -289,30 +286,44 @@ def _cancel(ray: Any, in_flight: dict[Any, tuple[int, Unit]], ctx: RunContext, d
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=False)
     end = time.monotonic() + CANCEL_WAIT_S
+    merged: set[str] = set()
     while in_flight and time.monotonic() < end:
         try:
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.1, end - time.monotonic()))
         except KeyboardInterrupt:  # a second Ctrl-C: force at once
             break
         for ref in ready:
-            _slot, unit = in_flight.pop(ref)
-            with contextlib.suppress(Exception):
-                _finish(ray, ref, unit, ctx, done, done_frame, token)
+            _slot, unit = in_flight[ref]
+            with contextlib.suppress(Exception):  # a cancelled task usually answers TaskCancelledError: its
+                out = ray.get(ref)  # files are then collected from its node's staging folder below
+                merge(out["files"], ctx, done_frame=done_frame)
+                shutil.rmtree(staging_dir(token, unit.key), ignore_errors=True)
+                merged.add(unit.key)
+            del in_flight[ref]
     for ref in in_flight:
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=True)
+    # this host's cancelled units first: under `specbook run` the runner ends the kernel soon after the servers
+    # are gone (what is left then, runner.py merges through staging.recover_interrupted)
+    _merge_staged(collect_staged(token), merged, ctx, done_frame)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cleanup = ray.remote(stop_run_processes)
     refs = [cleanup.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
             .remote(token) for n in ray.nodes() if n.get("Alive")]
+    staged: dict[str, dict[str, bytes]] = {}
     with contextlib.suppress(Exception):
         for r in ray.get(refs, timeout=CANCEL_WAIT_S):
             progress.note(f"Ray: node {r['node']}: stopped {r['stopped']} server process(es)"
                           + (f", still alive: {r['left']}" if r["left"] else ""))
-    for _slot, unit in in_flight.values():  # force-cancelled on this host: keep what they wrote (log, record)
-        local = staging_dir(token, unit.key)
-        if local.is_dir():
+            staged.update(r["staged"])
+    _merge_staged(staged, merged, ctx, done_frame)
+
+
+def _merge_staged(staged: dict[str, dict[str, bytes]], merged: set[str], ctx: RunContext, done_frame: str) -> None:
+    """What cancelled units wrote (server record `interrupted`, log, rows), each unit once."""
+    for key, files in staged.items():
+        if key not in merged:
+            merged.add(key)
             with contextlib.suppress(Exception):
-                merge(pack(local), ctx, done_frame=done_frame)
-            shutil.rmtree(local, ignore_errors=True)
+                merge(files, ctx, done_frame=done_frame)

@@ -9,6 +9,8 @@ trace folders) written at the same relative path. So a Ray run and a local run l
 from __future__ import annotations
 
 import io
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,8 +20,80 @@ from specbook.runstore import SERVERS_NAME
 if TYPE_CHECKING:
     from specbook.runstore import RunContext
 
+STAGING_ROOT = "specbook-units"
+# Written by the task once its unit has ended (server torn down and recorded): a runner stopping the run after
+# Ctrl-C waits for it before it ends the Ray workers (wait_units_ended). Never merged.
+ENDED_MARK = ".unit-ended"
 # A unit's files travel through Ray's object store; server logs are the large ones (a vLLM-CPU log is ~100 KB).
 MAX_UNIT_BYTES = 512 * 1024 * 1024
+
+
+def staging_dir(token: str, key: str) -> Path:
+    """Where a unit stages its files on its node (the same path on every node)."""
+    return Path(tempfile.gettempdir()) / STAGING_ROOT / token / key
+
+
+def mark_ended(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ENDED_MARK).touch()
+
+
+def wait_units_ended(token: str, timeout_s: float, poll_s: float = 0.2) -> list[str]:
+    """Wait until every unit staged on this host for the run has ended; the keys still running at the timeout."""
+    import time
+
+    root = Path(tempfile.gettempdir()) / STAGING_ROOT / token
+    end = time.monotonic() + timeout_s
+    while True:
+        running = [f.name for f in sorted(root.glob("*")) if f.is_dir() and not (f / ENDED_MARK).exists()] \
+            if root.is_dir() else []
+        if not running or time.monotonic() >= end:
+            return running
+        time.sleep(poll_s)
+
+
+def collect_staged(token: str) -> dict[str, dict[str, bytes]]:
+    """On this node: the files of every unit still staged for the run (cancelled ones), by unit key; removed."""
+    root = Path(tempfile.gettempdir()) / STAGING_ROOT / token
+    staged = {}
+    for folder in sorted(root.glob("*")) if root.is_dir() else []:
+        if folder.is_dir():
+            try:
+                staged[folder.name] = pack(folder)
+            except (OSError, ValueError):
+                continue
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+    return staged
+
+
+def recover_interrupted(token: str, ctx: RunContext) -> list[str]:
+    """After an interrupted run whose kernel ended before it merged its cancelled units (the runner stops the
+    kernel once the servers are gone): their server records and logs into the run folder; the keys.
+
+    Frames are left out, so such a unit is not done and `--resume` runs it again; a server record the kernel
+    merged already is not appended twice."""
+    staged = collect_staged(token)
+    if not staged:
+        return []
+    servers_path = ctx.run_dir / SERVERS_NAME
+    seen = set(servers_path.read_text(encoding="utf-8", errors="replace").splitlines()) \
+        if servers_path.is_file() else set()
+    for files in staged.values():
+        for rel, data in files.items():
+            if rel.startswith("data/") and rel.endswith(".parquet"):
+                continue
+            if rel == SERVERS_NAME:
+                for line in data.decode("utf-8", "replace").splitlines():
+                    if line.strip() and line not in seen:
+                        diskwrite.append_line(servers_path, line)
+                        seen.add(line)
+            else:
+                target = _inside(ctx.run_dir, rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                diskwrite.write_atomic(target, lambda p, d=data: Path(p).write_bytes(d))
+    return sorted(staged)
 
 
 def pack(folder: str | Path) -> dict[str, bytes]:
@@ -28,7 +102,7 @@ def pack(folder: str | Path) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     total = 0
     for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.name.endswith(".tmp"):
+        if path.is_file() and not path.name.endswith(".tmp") and path.name != ENDED_MARK:
             data = path.read_bytes()
             total += len(data)
             if total > MAX_UNIT_BYTES:

@@ -408,7 +408,6 @@ def _extra_passes(params: ConfigFlipParams, ctx: Any, index: int, label: str, va
             units.skip(name)
         else:
             units.start(f"{name} (profiled pass, first {min(params.cost_split_num_prompts, len(requests))} prompt(s))")
-            resume.set_aside_folder(Path(ctx.run_dir) / costsplit.PROFILES_DIR / name)  # nor its profiler traces
             split = costsplit.profiled_pass(cfg, requests[: params.cost_split_num_prompts], ctx, name=name, lane=label)
             ctx.append_frame(COST_SPLIT_FRAME, _keyed(costsplit.splits_frame([split]), label, "profile"))
             ctx.append_frame(ARMS_FRAME, done_row("profile", name, None))
