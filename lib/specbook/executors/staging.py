@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,9 +29,13 @@ ENDED_MARK = ".unit-ended"
 MAX_UNIT_BYTES = 512 * 1024 * 1024
 
 
+def _run_root(token: str) -> Path:
+    return Path(tempfile.gettempdir()) / STAGING_ROOT / token
+
+
 def staging_dir(token: str, key: str) -> Path:
     """Where a unit stages its files on its node (the same path on every node)."""
-    return Path(tempfile.gettempdir()) / STAGING_ROOT / token / key
+    return _run_root(token) / key
 
 
 def mark_ended(folder: Path) -> None:
@@ -40,9 +45,7 @@ def mark_ended(folder: Path) -> None:
 
 def wait_units_ended(token: str, timeout_s: float, poll_s: float = 0.2) -> list[str]:
     """Wait until every unit staged on this host for the run has ended; the keys still running at the timeout."""
-    import time
-
-    root = Path(tempfile.gettempdir()) / STAGING_ROOT / token
+    root = _run_root(token)
     end = time.monotonic() + timeout_s
     while True:
         running = [f.name for f in sorted(root.glob("*")) if f.is_dir() and not (f / ENDED_MARK).exists()] \
@@ -54,7 +57,7 @@ def wait_units_ended(token: str, timeout_s: float, poll_s: float = 0.2) -> list[
 
 def collect_staged(token: str) -> dict[str, dict[str, bytes]]:
     """On this node: the files of every unit still staged for the run (cancelled ones), by unit key; removed."""
-    root = Path(tempfile.gettempdir()) / STAGING_ROOT / token
+    root = _run_root(token)
     staged = {}
     for folder in sorted(root.glob("*")) if root.is_dir() else []:
         if folder.is_dir():
@@ -75,24 +78,11 @@ def recover_interrupted(token: str, ctx: RunContext) -> list[str]:
     Frames are left out, so such a unit is not done and `--resume` runs it again; a server record the kernel
     merged already is not appended twice."""
     staged = collect_staged(token)
-    if not staged:
-        return []
     servers_path = ctx.run_dir / SERVERS_NAME
     seen = set(servers_path.read_text(encoding="utf-8", errors="replace").splitlines()) \
-        if servers_path.is_file() else set()
+        if staged and servers_path.is_file() else set()
     for files in staged.values():
-        for rel, data in files.items():
-            if rel.startswith("data/") and rel.endswith(".parquet"):
-                continue
-            if rel == SERVERS_NAME:
-                for line in data.decode("utf-8", "replace").splitlines():
-                    if line.strip() and line not in seen:
-                        diskwrite.append_line(servers_path, line)
-                        seen.add(line)
-            else:
-                target = _inside(ctx.run_dir, rel)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                diskwrite.write_atomic(target, lambda p, d=data: Path(p).write_bytes(d))
+        _write_files({rel: d for rel, d in files.items() if not _is_frame(rel)}, ctx, seen)
     return sorted(staged)
 
 
@@ -116,25 +106,34 @@ def merge(files: dict[str, bytes], ctx: RunContext, *, done_frame: str) -> list[
     """Write a unit's files into the run folder; the relative paths written, the done frame last."""
     import pandas as pd
 
-    written = []
-    frames = {rel: data for rel, data in files.items() if rel.startswith("data/") and rel.endswith(".parquet")}
-    for rel, data in files.items():
-        if rel in frames:
-            continue
-        if rel == SERVERS_NAME:
-            for line in data.decode("utf-8", "replace").splitlines():
-                if line.strip():
-                    diskwrite.append_line(ctx.run_dir / SERVERS_NAME, line)
-        else:
-            target = _inside(ctx.run_dir, rel)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            diskwrite.write_atomic(target, lambda p, d=data: Path(p).write_bytes(d))
-        written.append(rel)
+    frames = {rel: data for rel, data in files.items() if _is_frame(rel)}
+    written = _write_files({rel: data for rel, data in files.items() if rel not in frames}, ctx)
     done_rel = f"data/{done_frame}.parquet"
     for rel in sorted(frames, key=lambda r: r == done_rel):  # the done frame last
         ctx.append_frame(Path(rel).stem, pd.read_parquet(io.BytesIO(frames[rel])))
         written.append(rel)
     return written
+
+
+def _is_frame(rel: str) -> bool:
+    return rel.startswith("data/") and rel.endswith(".parquet")
+
+
+def _write_files(files: dict[str, bytes], ctx: RunContext, seen_servers: set[str] | None = None) -> list[str]:
+    """A unit's files other than frames into the run folder: server records appended (one in `seen_servers`
+    skipped, where given), every other file written at its relative path; the paths written."""
+    for rel, data in files.items():
+        if rel == SERVERS_NAME:
+            for line in data.decode("utf-8", "replace").splitlines():
+                if line.strip() and (seen_servers is None or line not in seen_servers):
+                    diskwrite.append_line(ctx.run_dir / SERVERS_NAME, line)
+                    if seen_servers is not None:
+                        seen_servers.add(line)
+        else:
+            target = _inside(ctx.run_dir, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            diskwrite.write_atomic(target, lambda p, d=data: Path(p).write_bytes(d))
+    return list(files)
 
 
 def _inside(root: Path, rel: str) -> Path:
