@@ -29,8 +29,8 @@ error rates at one third of the fixed protocol's cost or less.
 
 usage: python benchmarks/sequential_cost.py [--reps N] [--sweeps-min 2] [--sweeps-max 10 20 30] [RUN ...]
        RUN: a knob A/B run folder, or a report.html with a per-run table; with none: tests/golden/knob_ab,
-       the newest outputs/knob_ab/* run, and the H200 report's per-run table
-       (docs/reports/knob_ab-h200/report.html).
+       the newest outputs/knob_ab/* run, and the committed H200 knob A/B run folders
+       (docs/reports/knob_ab-h200-*/).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from specbook import sequential, steady
 from specbook.acceptance import Acceptance
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_REPORT = ROOT / "docs/reports/knob_ab-h200/report.html"
+H200_RUNS = "docs/reports/knob_ab-h200-*/data/runs.parquet"  # the committed H200 knob A/B run folders
 CONTROL = "int4draft"
 
 
@@ -246,7 +246,9 @@ def main() -> None:
         newest = sorted((ROOT / "outputs/knob_ab").glob("*/data/runs.parquet"))
         if newest:
             recs.append(from_run_dir(newest[-1].parents[1]))
-        recs.append(from_h200_report(H200_REPORT))
+        recs += [from_run_dir(d.parents[1]) for d in sorted(ROOT.glob(H200_RUNS))]
+        if not any(r.name.startswith("docs/reports") for r in recs):
+            raise SystemExit(f"no H200 knob A/B run folder with data matches {H200_RUNS}")
     rng = np.random.default_rng(args.seed)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 20)

@@ -18,10 +18,22 @@ hypothesis, so it stays a criterion of the final verdict, not of when to stop.
 
 Error control: each test spends its alpha over the looks with a Lan-DeMets spending function
 (O'Brien-Fleming-type by default, or Pocock-type), looks at information fractions n / sweeps_max.
-Boundaries are computed for normal statistics by the Armitage-McPherson-Rowe recursion and used on the
-t scale at the same nominal level (the paired or Welch df at each look). So: P(different | no true effect) <= alpha
-(two-sided) and P(equivalent | |true delta| >= margin) <= alpha; the t conversion makes these hold
-approximately, and tests/unit/test_sequential.py measures them by simulation.
+
+- Paired design (the knob A/B's): the boundaries are set on the t scale for the joint null distribution of
+  the paired t statistics of nested samples (the t after sweep n reuses sweeps 1..n-1). Under normal
+  per-sweep differences that distribution is free of the unknown sd, for the difference test (delta = 0)
+  and for each TOST test at its margin (stats.paired_tost_t: a paired t on contrasts of mean 0), so one
+  seeded simulation of it (`paired_t_boundaries`, CALIBRATION_DRAWS draws) gives boundaries whose
+  crossing probabilities are the spent alpha up to Monte-Carlo error (+/- 0.0007 at alpha 0.05).
+- Welch (unpaired) design: its t has no such sd-free joint law (it depends on the two arms' variance
+  ratio), so the boundaries come from normal statistics (Armitage-McPherson-Rowe recursion) and are used
+  on the t scale at the same tail area at each look's Welch df: approximate.
+
+Converting the normal boundaries instead for the paired t too (the book did until 2026-12) keeps each
+look's marginal level but not the looks' joint law: a two-sided 5% difference test then rejected a true
+null 5.6-5.8% of the time (simulated, 40000 replications; O'Brien-Fleming 2..4, 2..8, 2..10, Pocock 3..8).
+So: P(different | no true effect) <= alpha (two-sided) and P(equivalent | |true delta| >= margin) <= alpha;
+tests/unit/test_sequential.py measures both by simulation, on draws independent of the calibration's.
 """
 
 from __future__ import annotations
@@ -112,6 +124,49 @@ def z_boundaries(fractions: tuple[float, ...], alpha: float, spending: Spending,
     return tuple(out)
 
 
+CALIBRATION_DRAWS = 400_000  # simulated sequences of per-sweep differences per design
+CALIBRATION_SEED = 20261201
+
+
+@lru_cache(maxsize=256)
+def paired_t_boundaries(sweeps_min: int, sweeps_max: int, alpha: float, spending: Spending,
+                        two_sided: bool) -> tuple[float, ...]:
+    """t-scale boundaries c_n of the paired t after sweep n = sweeps_min..sweeps_max (inf where n < 2).
+
+    Simulates CALIBRATION_DRAWS sequences of standard-normal per-sweep differences (seeded: the same
+    boundaries on every machine), with the paired t of the first n at each look; c_n is the value that the
+    sequences still running at look n exceed with probability spent(n / sweeps_max) - spent(previous look),
+    crossing meaning T_n >= c_n (one-sided, spending alpha) or |T_n| >= c_n (two-sided, alpha in all).
+    """
+    fractions = look_fractions(sweeps_min, sweeps_max)
+    tail_alpha, tails = (alpha / 2, 2) if two_sided else (alpha, 1)
+    rng = np.random.default_rng(CALIBRATION_SEED)
+    total = np.zeros(CALIBRATION_DRAWS)
+    squares = np.zeros(CALIBRATION_DRAWS)
+    running = np.ones(CALIBRATION_DRAWS, bool)
+    prev_spent, out = 0.0, []
+    for n in range(1, sweeps_max + 1):
+        x = rng.standard_normal(CALIBRATION_DRAWS)
+        total += x
+        squares += x * x
+        if n < sweeps_min:
+            continue
+        target = tails * spent_alpha(fractions[n - sweeps_min], tail_alpha, spending) - prev_spent
+        prev_spent += target
+        crossings = int(round(target * CALIBRATION_DRAWS))
+        if n < 2 or crossings <= 0:  # no t with one sweep; nothing to spend here
+            out.append(math.inf)
+            continue
+        mean = total / n
+        t = mean / np.sqrt((squares - n * mean * mean) / (n - 1) / n)
+        stat = np.abs(t) if two_sided else t
+        live = stat[running]
+        c = float(np.partition(live, live.size - crossings)[live.size - crossings])  # the crossings-th largest
+        out.append(c)
+        running &= ~(stat >= c)
+    return tuple(out)
+
+
 def look_fractions(sweeps_min: int, sweeps_max: int) -> tuple[float, ...]:
     """Information fractions of the planned looks: after sweep n for n = sweeps_min..sweeps_max."""
     if not 1 <= sweeps_min <= sweeps_max:
@@ -119,9 +174,13 @@ def look_fractions(sweeps_min: int, sweeps_max: int) -> tuple[float, ...]:
     return tuple(n / sweeps_max for n in range(sweeps_min, sweeps_max + 1))
 
 
+PAIRED_CALIBRATION = "paired t, joint null simulated"
+WELCH_CONVERSION = "normal boundary at the same tail area (Welch df)"
+
+
 @dataclass(frozen=True)
 class LookBoundaries:
-    """The boundaries one look uses, on the normal scale and (at this look's Welch df) on the t scale."""
+    """The boundaries one look uses: on the normal scale, and the t-scale ones the tests compare with."""
 
     look: int  # 1-based among the planned looks
     fraction: float
@@ -132,22 +191,28 @@ class LookBoundaries:
     df: float
     alpha_spent_difference: float  # cumulative, up to and including this look
     alpha_spent_equivalence: float
+    t_from: str = WELCH_CONVERSION  # how the t-scale boundaries were set
 
 
 def boundaries_at(n: int, sweeps_min: int, sweeps_max: int, alpha: float, spending: Spending,
-                  df: float) -> LookBoundaries:
-    """The boundaries of the look after sweep n (sweeps_min <= n <= sweeps_max)."""
+                  df: float, paired: bool = False) -> LookBoundaries:
+    """The boundaries of the look after sweep n (sweeps_min <= n <= sweeps_max).
+
+    paired: the paired t's own boundaries (`paired_t_boundaries`); else the normal ones at the same tail area
+    on the t scale at this df (df NaN, no spread: the normal value)."""
     fr = look_fractions(sweeps_min, sweeps_max)
     k = n - sweeps_min
     if not 0 <= k < len(fr):
         raise ExperimentError(f"no planned look after sweep {n}: looks are after sweeps {sweeps_min}..{sweeps_max}")
     zd = z_boundaries(fr, alpha, spending, True)[k]
     ze = z_boundaries(fr, alpha, spending, False)[k]
-    # the same nominal level (tail area) on the t scale; df NaN (no spread) leaves the normal value
-    td = float(sps.t.isf(sps.norm.sf(zd), df)) if math.isfinite(df) and math.isfinite(zd) else zd
-    te = float(sps.t.isf(sps.norm.sf(ze), df)) if math.isfinite(df) and math.isfinite(ze) else ze
+    if paired:
+        td = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, True)[k]
+        te = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, False)[k]
+    else:
+        td, te = t_bound(zd, df), t_bound(ze, df)
     return LookBoundaries(k + 1, fr[k], zd, ze, td, te, df, 2 * spent_alpha(fr[k], alpha / 2, spending),
-                          spent_alpha(fr[k], alpha, spending))
+                          spent_alpha(fr[k], alpha, spending), PAIRED_CALIBRATION if paired else WELCH_CONVERSION)
 
 
 @dataclass(frozen=True)
@@ -178,7 +243,8 @@ class Look:
             "bound_difference": b.t_difference if b else math.nan,
             "bound_equivalence": b.t_equivalence if b else math.nan,
             "alpha_spent_difference": b.alpha_spent_difference if b else 0.0,
-            "alpha_spent_equivalence": b.alpha_spent_equivalence if b else 0.0, "reason": self.reason,
+            "alpha_spent_equivalence": b.alpha_spent_equivalence if b else 0.0,
+            "bounds_from": b.t_from if b else None, "reason": self.reason,
         }
 
 
@@ -190,22 +256,23 @@ def t_bound(z: float, df: np.ndarray | float) -> np.ndarray | float:
     return out if np.ndim(df) else float(out)
 
 
-def judge(delta: np.ndarray, se: np.ndarray, df: np.ndarray, margin: np.ndarray, z_difference: float,
-          z_equivalence: float, t_tost: np.ndarray | None = None) -> np.ndarray:
+def judge(delta: np.ndarray, se: np.ndarray, margin: np.ndarray, bound_difference: np.ndarray | float,
+          bound_equivalence: np.ndarray | float, t_tost: np.ndarray | None = None) -> np.ndarray:
     """The verdict codes at one look, elementwise: 1 equivalent, 2 different, 0 no verdict yet.
 
-    Equivalent: both TOST t >= the equivalence bound (checked first: a real but small effect inside the
-    margin is equivalent); t_tost, the smaller of the two, defaults to (margin - |delta|) / se (Welch; the
-    paired design passes stats.paired_tost_t's). Different: |delta / se| >= the difference bound and
-    |delta| > margin. With se = 0 (both arms repeat exactly) the margin alone decides.
+    Bounds on the t scale (LookBoundaries.t_difference / t_equivalence). Equivalent: both TOST t >= the
+    equivalence bound (checked first: a real but small effect inside the margin is equivalent); t_tost, the
+    smaller of the two, defaults to (margin - |delta|) / se (Welch; the paired design passes
+    stats.paired_tost_t's). Different: |delta / se| >= the difference bound and |delta| > margin. With
+    se = 0 (both arms repeat exactly) the margin alone decides.
     """
     delta, se, margin = (np.asarray(x, float) for x in (delta, se, margin))
     with np.errstate(divide="ignore", invalid="ignore"):
         t0 = np.abs(delta) / se
         if t_tost is None:
             t_tost = (margin - np.abs(delta)) / se
-    equivalent = t_tost >= t_bound(z_equivalence, df)
-    different = (t0 >= t_bound(z_difference, df)) & (np.abs(delta) > margin)
+    equivalent = t_tost >= bound_equivalence
+    different = (t0 >= bound_difference) & (np.abs(delta) > margin)
     exact = se == 0
     equivalent = np.where(exact, np.abs(delta) <= margin, equivalent)
     different = np.where(exact, np.abs(delta) > margin, different & ~equivalent)
@@ -232,14 +299,14 @@ def decide(baseline: Sequence[float], variant: Sequence[float], *, margin_pct: f
     b, v = b[:n], v[:n]
     margin = abs(summarize(b).mean) * margin_pct / 100.0
     w = paired_contrast(np.column_stack([b, v]), [-1.0, 1.0], 1 - alpha) if paired else welch_delta(b, v, 1 - alpha)
-    bounds = boundaries_at(n, sweeps_min, sweeps_max, alpha, spending, w.df)
+    bounds = boundaries_at(n, sweeps_min, sweeps_max, alpha, spending, w.df, paired=w.paired)
     if w.paired:
         t_lo, t_hi = (float(t) for t in paired_tost_t(b, v, margin_pct / 100.0)[:2])
     elif w.se:
         t_lo, t_hi = (w.estimate + margin) / w.se, (margin - w.estimate) / w.se
     else:
         t_lo = t_hi = math.nan
-    code = int(judge(w.estimate, w.se, w.df, margin, bounds.z_difference, bounds.z_equivalence,
+    code = int(judge(w.estimate, w.se, margin, bounds.t_difference, bounds.t_equivalence,
                      min(t_lo, t_hi) if w.paired else None))
     if w.se == 0:
         return Look(arm, baseline_name, (EQUIVALENT, DIFFERENT)[code - 1], n, n, w.estimate, 0.0, margin,
@@ -289,6 +356,9 @@ def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarra
     fr = look_fractions(sweeps_min, sweeps_max)
     zd = z_boundaries(fr, alpha, spending, True)
     ze = z_boundaries(fr, alpha, spending, False)
+    if paired:
+        td = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, True)
+        te = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, False)
     verdict = np.zeros(reps, int)
     stopped_at = np.full(reps, sweeps_max)
     for k, n in enumerate(range(sweeps_min, sweeps_max + 1)):
@@ -304,7 +374,11 @@ def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarra
             means = np.stack([bb.mean(1), vv.mean(1)], -1)
             var = np.stack([bb.var(1, ddof=1), vv.var(1, ddof=1)], -1)
             est, se, df, _, _ = welch_t_interval(means, var, np.array([n, n]), [-1.0, 1.0], 1 - alpha)
-        code = judge(est, se, df, np.abs(bb.mean(1)) * margin_pct / 100.0, zd[k], ze[k], t_tost)
+        if paired:
+            bound_d, bound_e = td[k], te[k]
+        else:
+            bound_d, bound_e = t_bound(zd[k], df), t_bound(ze[k], df)
+        code = judge(est, se, np.abs(bb.mean(1)) * margin_pct / 100.0, bound_d, bound_e, t_tost)
         idx = np.flatnonzero(live)
         verdict[idx] = code
         stopped_at[idx[code > 0]] = n

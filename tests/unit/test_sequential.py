@@ -63,6 +63,76 @@ def test_pocock_boundaries_are_nearly_flat_and_one_look_is_the_fixed_test():
     assert sq.z_boundaries((1.0,), 0.05, "obrien_fleming", True)[0] == pytest.approx(sps.norm.isf(0.025))
 
 
+def _nested_paired_t(draws: int, sweeps: int, seed: int) -> np.ndarray:
+    """(draws, sweeps) paired t of the first n standard-normal differences (column n-1; NaN for n = 1)."""
+    x = np.random.default_rng(seed).standard_normal((draws, sweeps))
+    n = np.arange(1, sweeps + 1)
+    mean = x.cumsum(1) / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var = (np.cumsum(x * x, 1) - n * mean * mean) / (n - 1)
+        return mean / np.sqrt(var / n)
+
+
+@pytest.mark.parametrize(("spending", "lo", "hi"), [("obrien_fleming", 2, 4), ("obrien_fleming", 2, 10),
+                                                    ("pocock", 3, 8)])
+@pytest.mark.parametrize("two_sided", [True, False])
+def test_paired_t_boundaries_spend_the_planned_alpha_look_by_look(spending, lo, hi, two_sided):
+    """On draws independent of the calibration's: the share of null sequences that first cross at each look is
+    that look's spent alpha, within 4 Monte-Carlo standard errors (of these draws and the calibration's)."""
+    draws = 100_000
+    t = _nested_paired_t(draws, hi, seed=99)
+    stat = np.abs(t) if two_sided else t
+    bounds = sq.paired_t_boundaries(lo, hi, 0.05, spending, two_sided)
+    tails, tail_alpha = (2, 0.025) if two_sided else (1, 0.05)
+    running, prev = np.ones(draws, bool), 0.0
+    for k, n in enumerate(range(lo, hi + 1)):
+        spent = tails * sq.spent_alpha(n / hi, tail_alpha, spending)
+        cross = running & (stat[:, n - 1] >= bounds[k])
+        # Monte-Carlo error of this check's draws and of the calibration's own
+        se = math.sqrt(max(spent - prev, 1e-4) * (1 / draws + 1 / sq.CALIBRATION_DRAWS))
+        assert cross.mean() == pytest.approx(spent - prev, abs=4 * se), (n, cross.mean(), spent - prev)
+        running &= ~cross
+        prev = spent
+    assert 1 - running.mean() == pytest.approx(0.05, abs=4 * math.sqrt(0.05 * 0.95 / draws))
+    # the first look has heavier tails than the normal: its t boundary is above the normal one at the same level
+    z = sq.z_boundaries(sq.look_fractions(lo, hi), 0.05, spending, two_sided)
+    assert bounds[0] > z[0]
+
+
+def test_one_look_is_the_fixed_t_test():
+    for n in (2, 3, 6):
+        assert sq.paired_t_boundaries(n, n, 0.05, "obrien_fleming", True)[0] == pytest.approx(
+            sps.t.isf(0.025, n - 1), rel=0.02)
+        assert sq.paired_t_boundaries(n, n, 0.05, "pocock", False)[0] == pytest.approx(sps.t.isf(0.05, n - 1),
+                                                                                        rel=0.02)
+
+
+@pytest.mark.parametrize(("spending", "lo", "hi"), [("obrien_fleming", 2, 4), ("obrien_fleming", 2, 10),
+                                                    ("pocock", 3, 8)])
+def test_the_paired_difference_test_rejects_a_true_null_at_alpha(spending, lo, hi):
+    """The difference test alone (margin 0, so no equivalence and no margin condition) on null paired runs:
+    its rejection rate is alpha within 4 Monte-Carlo standard errors. The normal boundaries converted at the
+    same tail area (the book's method before) gave 5.6-5.8% here."""
+    reps = 40_000
+    rng = np.random.default_rng(20261202)
+    sweep = rng.normal(0, 3, (reps, hi))
+    oc = sq.operating_characteristics(rng.normal(100, 1, (reps, hi)) + sweep, rng.normal(100, 1, (reps, hi)) + sweep,
+                                      margin_pct=0.0, alpha=0.05, sweeps_min=lo, sweeps_max=hi, spending=spending,
+                                      paired=True)
+    assert oc.p_different == pytest.approx(0.05, abs=4 * math.sqrt(0.05 * 0.95 / reps))
+
+
+def test_decide_says_how_its_t_boundaries_were_set():
+    base, var = [4.30, 4.31, 4.29], [4.20, 4.22, 4.19]
+    paired = sq.decide(base, var, margin_pct=1.0, alpha=0.05, sweeps_min=2, sweeps_max=4, paired=True)
+    welch = sq.decide(base, var, margin_pct=1.0, alpha=0.05, sweeps_min=2, sweeps_max=4)
+    assert paired.boundaries.t_from == sq.PAIRED_CALIBRATION
+    assert paired.boundaries.t_difference == sq.paired_t_boundaries(2, 4, 0.05, "obrien_fleming", True)[1]
+    assert welch.boundaries.t_from == sq.WELCH_CONVERSION
+    assert welch.boundaries.t_difference == pytest.approx(sq.t_bound(welch.boundaries.z_difference,
+                                                                     welch.boundaries.df))
+
+
 def test_bad_looks_are_refused():
     with pytest.raises(ExperimentError, match="increase"):
         sq.z_boundaries((0.5, 0.4), 0.05, "pocock", False)
