@@ -8,8 +8,9 @@ launched server carries (specbook.server.MARKER_ENV).
 
 - Ctrl-C / SIGTERM (`guarded`): the kernel is interrupted, so the running cell's `with` blocks tear their
   servers down and record them; the runner waits until no server of the run is left (stopping any that
-  outlive SERVER_STOP_BOUND_S itself) and only then lets papermill shut the kernel down: the kernel's own
-  5 s shutdown can no longer cut a 30 s server teardown. A second signal stops the servers at once.
+  outlive SERVER_STOP_BOUND_S itself), then until the kernel has finished the interrupted cell (its CPU goes
+  quiet), and only then lets papermill shut the kernel down: the kernel's own 5 s shutdown can no longer cut
+  a 30 s server teardown or the records written after it. A second signal stops the servers at once.
 - SIGKILL, OOM kill: the runner can do nothing. A watchdog process started with it reads a pipe from it; at
   EOF without the runner's "done", it stops every process of the run and marks the manifest abandoned.
 """
@@ -40,6 +41,13 @@ SERVER_STOP_BOUND_S = 45.0
 TERM_GRACE_S = 10.0
 UNIT_RECORD_BOUND_S = 15.0  # a Ray unit's server record after its server is gone (a log parse and one write)
 KILL_GRACE_S = 5.0
+# After the servers are gone the interrupted cell still records them, writes its frames and formats its
+# traceback; papermill's shutdown of a kernel still busy with that closes its sockets under it ("Exception in
+# message handler ... ZMQError" on the console, and writes cut short). The runner waits, up to this bound, for
+# the kernel to go quiet: no more than KERNEL_QUIET_CPU_S of CPU over KERNEL_QUIET_S.
+KERNEL_QUIET_BOUND_S = 15.0
+KERNEL_QUIET_S = 0.6
+KERNEL_QUIET_CPU_S = 0.03
 _POLL_S = 0.2
 DONE = b"done\n"
 WATCHDOG_LOG = "watchdog.log"  # in logs/: what the watchdog did after the runner died
@@ -109,6 +117,34 @@ def servers_gone_within(token: str, timeout_s: float) -> list[psutil.Process]:
         time.sleep(_POLL_S)
 
 
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # gone: uses no more CPU
+            continue
+    return total
+
+
+def wait_quiet(procs: list[psutil.Process], timeout_s: float, quiet_s: float = KERNEL_QUIET_S,
+               cpu_s: float = KERNEL_QUIET_CPU_S) -> float | None:
+    """Wait until these processes together use at most cpu_s of CPU over quiet_s (or are gone); the seconds
+    that took, None when they were still busy after timeout_s."""
+    t0 = time.monotonic()
+    end = t0 + timeout_s
+    before = _cpu_s(procs)
+    while True:
+        time.sleep(quiet_s)
+        now = _cpu_s(procs)
+        if now - before <= cpu_s or not _alive(procs):
+            return round(time.monotonic() - t0, 2)
+        if time.monotonic() >= end:
+            return None
+        before = now
+
+
 def _describe(procs: list[psutil.Process]) -> str:
     return ", ".join(str(p.pid) for p in procs)
 
@@ -123,11 +159,14 @@ class Guard:
     signal_name: str | None = None
     servers_stopped_s: float | None = None  # signal -> no server left
     forced: str | None = None  # what the runner had to stop itself
+    kernel_busy: bool = False  # the kernel was still busy KERNEL_QUIET_BOUND_S after its servers were gone
 
     def describe(self) -> str:
         """What the signal path did ('' when no signal came)."""
         parts = [f"servers gone {self.servers_stopped_s:.1f} s after {self.signal_name}"
-                 if self.servers_stopped_s is not None else "", self.forced or ""]
+                 if self.servers_stopped_s is not None else "", self.forced or "",
+                 f"the kernel was still busy {KERNEL_QUIET_BOUND_S:.0f} s later and was shut down anyway"
+                 if self.kernel_busy else ""]
         return "; ".join(p for p in parts if p)
 
 
@@ -195,6 +234,7 @@ def guarded(run_dir: Path) -> Iterator[Guard]:
 
             wait_units_ended(guard.token, UNIT_RECORD_BOUND_S)
         guard.servers_stopped_s = round(time.monotonic() - t0, 2)
+        guard.kernel_busy = wait_quiet(_kernels(guard.token), KERNEL_QUIET_BOUND_S) is None
         raise KeyboardInterrupt(f"signal {name}")
 
     if threading.current_thread() is threading.main_thread():

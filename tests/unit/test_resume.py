@@ -294,7 +294,7 @@ def test_a_runner_that_ends_normally_leaves_its_manifest_to_itself(tmp_path):
     assert read_manifest(run_dir).status == "running"  # the watchdog was told "done"
 
 
-def test_sigterm_waits_for_the_servers_before_the_kernel_is_shut_down(tmp_path):
+def test_sigterm_waits_for_the_servers_and_the_cell_before_the_kernel_is_shut_down(tmp_path):
     wrapper = (f"import sys; sys.path.insert(0, {str(NOTEBOOKS)!r}); import fixture_experiments; "
                "from specbook.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen(
@@ -311,10 +311,35 @@ def test_sigterm_waits_for_the_servers_before_the_kernel_is_shut_down(tmp_path):
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-3000:]
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
-    # the server's 8 s teardown ran to its end inside the kernel: the kernel was not shut down under it
+    # the server's 8 s teardown ran to its end inside the kernel: the kernel was not shut down under it,
+    # nor under the 6 s of work the cell does after it (what a cell records once its server is gone)
     assert (run_dir / "teardown.done").exists()
+    assert (run_dir / "records.done").exists()
+    assert "Exception in message handler" not in stderr, stderr[-3000:]  # the kernel's reply was not cut
     m = read_manifest(run_dir)
     assert m.status == "interrupted" and "servers gone" in m.error and "after SIGTERM" in m.error, m.error
+
+
+def test_wait_quiet_returns_once_a_busy_process_goes_idle_and_gives_up_at_its_bound():
+    from specbook import runguard
+
+    busy_then_idle = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 1.5\n"
+                                       "while time.process_time() < end: pass\ntime.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # both started
+        took = runguard.wait_quiet([psutil.Process(busy_then_idle.pid)], timeout_s=10)
+        assert took is not None and 1.0 <= took < 5, took
+        assert runguard.wait_quiet([psutil.Process(busy.pid)], timeout_s=1.5) is None
+        ending = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        watched = psutil.Process(ending.pid)
+        ending.kill()
+        ending.wait()
+        assert runguard.wait_quiet([watched], timeout_s=1) is not None  # a process that is gone is quiet
+    finally:
+        for p in (busy_then_idle, busy):
+            p.kill()
+            p.wait()
 
 
 # --------------------------------------------------------------------------------------------------
