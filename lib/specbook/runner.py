@@ -572,6 +572,7 @@ def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel
             failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress,
                                           params_file=kernel_params)
     except BaseException as exc:  # Ctrl-C or SIGTERM: keep what was measured, record it, let it through
+        _quiet_interrupted_cell_task()
         _recover_staged(guard, run_dir)
         manifest.status = "interrupted"
         manifest.failed_cell = _last_started_cell(exc, run_dir / REPORT_IPYNB, nb_path)
@@ -594,6 +595,25 @@ def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel
     _finalize(manifest, run_dir, t0, shown.scrub)
     result = RunResult(run_dir, manifest.status, failed_cell, run_dir / REPORT_IPYNB, html, manifest)
     return _raise_if_failed(result, f"run of {name}")
+
+
+class _InterruptedCellTask(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for nbclient's cell task that ended in the cell's own
+    KeyboardInterrupt: the runner waited for that cell to finish (runguard), so its error reply arrived after the
+    runner's KeyboardInterrupt had left nbclient, and nothing will read it; at exit asyncio would print the
+    whole cell traceback under the run's "interrupted"."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (str(record.msg).startswith("Task exception was never retrieved")
+                    and type(exc).__name__ == "CellExecutionError"
+                    and getattr(exc, "ename", None) == "KeyboardInterrupt")
+
+
+def _quiet_interrupted_cell_task() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _InterruptedCellTask) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_InterruptedCellTask())
 
 
 def _recover_staged(guard: runguard.Guard | None, run_dir: Path) -> None:

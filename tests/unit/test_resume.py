@@ -316,6 +316,7 @@ def test_sigterm_waits_for_the_servers_and_the_cell_before_the_kernel_is_shut_do
     assert (run_dir / "teardown.done").exists()
     assert (run_dir / "records.done").exists()
     assert "Exception in message handler" not in stderr, stderr[-3000:]  # the kernel's reply was not cut
+    assert "Task exception was never retrieved" not in stderr, stderr[-3000:]  # nor printed at exit
     m = read_manifest(run_dir)
     assert m.status == "interrupted" and "servers gone" in m.error and "after SIGTERM" in m.error, m.error
 
