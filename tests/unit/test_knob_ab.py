@@ -497,3 +497,14 @@ def test_comparisons_are_paired_by_sweep_and_fall_back_to_welch_when_a_run_is_mi
     assert not fp32["paired"] and fp32["ci_method"].endswith("not paired: sweeps unbalanced: sweep 1 lacks 'fp32'")
     assert by.loc[("int4", "baseline")]["paired"]  # its two arms still ran in every sweep
     assert "not paired: sweeps unbalanced" in d.interaction["method"].iloc[-1]
+
+
+def test_a_report_without_accuracy_says_why():
+    from specbook.experiments.knob_ab.analysis import no_accuracy_reason
+    from specbook.paths import project_root
+
+    root = project_root() / "params" / "knob_ab"
+    assert "Ingested logs" in no_accuracy_reason(knob_ab.load_params_file(str(root / "ingest-example.yaml")))
+    assert no_accuracy_reason(knob_ab.load_params_file(str(root / "cpu-demo-spec-bench.yaml"))).startswith(
+        "The spec_bench workload has no reference answers")
+    assert "No request" in no_accuracy_reason(knob_ab.load_params_file(str(root / "cpu-demo.yaml")))

@@ -108,6 +108,7 @@ class KnobABResult:
     runs: pd.DataFrame  # every server run in launch order with its raw counters
     # per run: requests, failed, the bound (measurement.max_failed_requests), valid, why a run is left out
     request_failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    accuracy_note: str = ""  # why there is no accuracy table ('' when there is one)
     # per (task category, arm): counter AL over the runs' category windows with its interval (empty: one category)
     category_al: pd.DataFrame = field(default_factory=pd.DataFrame)
     category_delta: pd.DataFrame = field(default_factory=pd.DataFrame)  # per category: each arm vs baseline
@@ -226,6 +227,17 @@ def request_failure_table(data: KnobABData, runs: pd.DataFrame, max_failed: int)
     """Per launched run that finished: its requests, how many failed, and whether it stays in the analysis."""
     table = request_failures.failure_table(data.requests, ["run_id"], max_failed)
     return table[table["run_id"].isin(runs["run_id"])].reset_index(drop=True)
+
+
+def no_accuracy_reason(params: KnobABParams) -> str:
+    """Why a report has no accuracy table: ingested logs, a workload without reference answers, or no graded
+    request."""
+    if params.mode == "ingest":
+        return "Ingested logs carry no outputs: no accuracy."
+    dataset = getattr(params.workload, "dataset", "gsm8k")
+    if dataset != "gsm8k":
+        return f"The {dataset} workload has no reference answers to grade (only gsm8k has): no accuracy."
+    return "No request of a usable run was graded: no accuracy."
 
 
 def answered_accuracy(requests: pd.DataFrame) -> pd.DataFrame:
@@ -365,6 +377,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
 
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
+    accuracy_why = "" if len(accuracy) else no_accuracy_reason(params)
     placed = valued.merge(runs[[c for c in ("run_id", "gpu", "slot") if c in runs]], on="run_id", how="left")
     confined = placement.confined_arms(placed)
     if confined:
@@ -387,6 +400,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         reconciliation=recon,
         runs=runs_table(runs),
         request_failures=failures,
+        accuracy_note=accuracy_why,
         category_al=category_al,
         category_delta=category_delta,
         placement=placement.placement_table(placed, value_col),
