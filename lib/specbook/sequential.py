@@ -206,11 +206,7 @@ def boundaries_at(n: int, sweeps_min: int, sweeps_max: int, alpha: float, spendi
         raise ExperimentError(f"no planned look after sweep {n}: looks are after sweeps {sweeps_min}..{sweeps_max}")
     zd = z_boundaries(fr, alpha, spending, True)[k]
     ze = z_boundaries(fr, alpha, spending, False)[k]
-    if paired:
-        td = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, True)[k]
-        te = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, False)[k]
-    else:
-        td, te = t_bound(zd, df), t_bound(ze, df)
+    td, te = t_scale_bounds(k, sweeps_min, sweeps_max, alpha, spending, df, paired)
     return LookBoundaries(k + 1, fr[k], zd, ze, td, te, df, 2 * spent_alpha(fr[k], alpha / 2, spending),
                           spent_alpha(fr[k], alpha, spending), PAIRED_CALIBRATION if paired else WELCH_CONVERSION)
 
@@ -254,6 +250,18 @@ def t_bound(z: float, df: np.ndarray | float) -> np.ndarray | float:
         return np.full_like(np.asarray(df, float), z) if np.ndim(df) else z
     out = sps.t.isf(sps.norm.sf(z), np.where(np.isfinite(df), df, np.inf))
     return out if np.ndim(df) else float(out)
+
+
+def t_scale_bounds(k: int, sweeps_min: int, sweeps_max: int, alpha: float, spending: Spending,
+                   df: np.ndarray | float, paired: bool) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(difference, equivalence) bounds on the t scale at look k (0-based): the paired t's own
+    (`paired_t_boundaries`), else the normal ones at the same tail area at df (Welch; elementwise for arrays)."""
+    if paired:
+        return (paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, True)[k],
+                paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, False)[k])
+    fr = look_fractions(sweeps_min, sweeps_max)
+    return (t_bound(z_boundaries(fr, alpha, spending, True)[k], df),
+            t_bound(z_boundaries(fr, alpha, spending, False)[k], df))
 
 
 def judge(delta: np.ndarray, se: np.ndarray, margin: np.ndarray, bound_difference: np.ndarray | float,
@@ -353,12 +361,6 @@ def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarra
     if b.shape != v.shape or b.ndim != 2 or b.shape[1] < sweeps_max:
         raise ExperimentError(f"need two (replications, >= {sweeps_max}) arrays, got {b.shape} and {v.shape}")
     reps = b.shape[0]
-    fr = look_fractions(sweeps_min, sweeps_max)
-    zd = z_boundaries(fr, alpha, spending, True)
-    ze = z_boundaries(fr, alpha, spending, False)
-    if paired:
-        td = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, True)
-        te = paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, False)
     verdict = np.zeros(reps, int)
     stopped_at = np.full(reps, sweeps_max)
     for k, n in enumerate(range(sweeps_min, sweeps_max + 1)):
@@ -374,10 +376,7 @@ def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarra
             means = np.stack([bb.mean(1), vv.mean(1)], -1)
             var = np.stack([bb.var(1, ddof=1), vv.var(1, ddof=1)], -1)
             est, se, df, _, _ = welch_t_interval(means, var, np.array([n, n]), [-1.0, 1.0], 1 - alpha)
-        if paired:
-            bound_d, bound_e = td[k], te[k]
-        else:
-            bound_d, bound_e = t_bound(zd[k], df), t_bound(ze[k], df)
+        bound_d, bound_e = t_scale_bounds(k, sweeps_min, sweeps_max, alpha, spending, df, paired)
         code = judge(est, se, np.abs(bb.mean(1)) * margin_pct / 100.0, bound_d, bound_e, t_tost)
         idx = np.flatnonzero(live)
         verdict[idx] = code

@@ -229,14 +229,13 @@ def request_failure_table(data: KnobABData, runs: pd.DataFrame, max_failed: int)
     return table[table["run_id"].isin(runs["run_id"])].reset_index(drop=True)
 
 
-def no_accuracy_reason(params: KnobABParams) -> str:
-    """Why a report has no accuracy table: ingested logs, a workload without reference answers, or no graded
-    request."""
+def no_accuracy_reason(params: KnobABParams, graded: bool) -> str:
+    """Why a report has no accuracy table: ingested logs, a workload whose draw has no grader (its requests
+    carry no `correct` column: graded False), or no graded request of a usable run."""
     if params.mode == "ingest":
         return "Ingested logs carry no outputs: no accuracy."
-    dataset = getattr(params.workload, "dataset", "gsm8k")
-    if dataset != "gsm8k":
-        return f"The {dataset} workload has no reference answers to grade (only gsm8k has): no accuracy."
+    if not graded:
+        return f"The {params.workload.dataset} workload has no reference answers to grade: no accuracy."
     return "No request of a usable run was graded: no accuracy."
 
 
@@ -377,7 +376,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
 
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
-    accuracy_why = "" if len(accuracy) else no_accuracy_reason(params)
+    accuracy_why = "" if len(accuracy) else no_accuracy_reason(params, graded="correct" in valued)
     placed = valued.merge(runs[[c for c in ("run_id", "gpu", "slot") if c in runs]], on="run_id", how="left")
     confined = placement.confined_arms(placed)
     if confined:
