@@ -9,6 +9,7 @@ A run resumed after an interruption says so where the book opens (specbook.resum
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ def open_book(experiment: str, params_file: str, run_dir: str, reuse_data: bool 
 
     for key, value in DISPLAY_OPTIONS.items():
         pd.set_option(key, value)
+    # tqdm.auto's warning where the kernel has no ipywidgets (the H200 image): it would print into the report
+    # the first time a cell imports transformers (the tokenizer, the replay reference)
+    warnings.filterwarnings("ignore", message="IProgress not found")
     spec = get_experiment(experiment)
     if reuse_data and not params_file and run_dir:
         params_file = str(Path(run_dir) / "params.yaml")

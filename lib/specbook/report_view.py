@@ -198,6 +198,17 @@ def _header(col: Any, units: Mapping[str, str]) -> str:
     return f"{name} ({unit})" if unit else name
 
 
+def _row_names(frame: pd.DataFrame, digits: int) -> tuple[list[str], int]:
+    """Column names for a transposed table: the first column's values, joined with the next columns' values
+    while two rows would share a name (two arms of one engine); returns the names and how many leading
+    columns they consumed. Rows still alike after that get their row number (a dict would drop one)."""
+    for width in range(1, min(len(frame.columns), 3) + 1):
+        names = [" / ".join(_cell(v, digits)[0] for v in frame.iloc[i, :width]) for i in range(len(frame))]
+        if len(set(names)) == len(names):
+            return [n or f"row {i}" for i, n in enumerate(names)], width
+    return [f"{_cell(frame.iloc[i, 0], digits)[0]} (row {i})" for i in range(len(frame))], 1
+
+
 def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digits: int = 4,
                index: bool = False, max_columns: int = MAX_COLUMNS, title: str | None = None,
                raw_html: tuple[str, ...] = ()) -> str:
@@ -210,9 +221,9 @@ def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digi
         return "<p><i>(nothing to show)</i></p>"
     frame = df.reset_index() if index else df
     if len(frame.columns) > max_columns and len(frame) <= 3:
-        names = [_cell(v, digits)[0] for v in frame.iloc[:, 0]] if len(frame) else []
-        body = pd.DataFrame({"": [_header(c, units) for c in frame.columns[1:]],
-                             **{n or f"row {i}": list(frame.iloc[i, 1:]) for i, n in enumerate(names)}})
+        names, shown = _row_names(frame, digits)
+        body = pd.DataFrame({"": [_header(c, units) for c in frame.columns[shown:]],
+                             **{n: list(frame.iloc[i, shown:]) for i, n in enumerate(names)}})
         return table_html(body, digits=digits, max_columns=10**6, title=title)
     if len(frame.columns) > max_columns:
         first, rest = frame.columns[0], list(frame.columns[1:])

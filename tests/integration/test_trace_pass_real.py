@@ -90,3 +90,13 @@ def test_trace_pass_draft_model(tmp_path, engine):
 def test_trace_pass_ngram(tmp_path, engine):
     ts = _trace(tmp_path, engine, "ngram")
     _check_well_formed(ts)
+
+
+def test_loading_the_replay_draft_writes_no_progress_bar(capfd):
+    # the replay runs in a report cell: transformers' "Loading weights" bar would be printed into the report
+    from transformers.utils import logging as hf_logging
+
+    assert load_draft(DRAFT_INT4) is not None
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err, err[-300:]
+    assert hf_logging.is_progress_bar_enabled()  # put back as it was for the rest of the process

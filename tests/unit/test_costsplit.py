@@ -113,6 +113,21 @@ def test_vllm_worker_traces_skip_the_front_end(tmp_path):
     assert [p.name for p in profile.worker_traces(tmp_path)] == ["rank0.12.pt.trace.json"]
 
 
+def test_vllm_traces_are_gzipped_in_place_and_read_back_the_same(tmp_path):
+    # a CUDA trace of two prompts was 0.3-1 GB on the H200: the run folder keeps it gzipped once reduced
+    worker = tmp_path / "rank0.12.pt.trace.json"
+    worker.write_bytes(VLLM_TRACE.read_bytes())
+    (tmp_path / "vm_1.async_llm.3.pt.trace.json").write_text("{}")
+    before = profile.reduce_trace(worker)
+    done = profile.compress_traces(tmp_path)
+    assert sorted(p.name for p in done) == ["rank0.12.pt.trace.json.gz", "vm_1.async_llm.3.pt.trace.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in sorted(done)]  # no plain file or .tmp left
+    assert done[0].stat().st_size < VLLM_TRACE.stat().st_size / 3
+    assert [p.name for p in profile.worker_traces(tmp_path)] == ["rank0.12.pt.trace.json.gz"]
+    assert profile.reduce_trace(profile.worker_traces(tmp_path)[0]) == before
+    assert profile.compress_traces(tmp_path) == []  # nothing plain left: a second call does nothing
+
+
 def test_llamacpp_statistics_are_differenced_per_request():
     reqs = perf.parse_requests(LLAMA_LOG.read_text().splitlines())
     assert [r.task for r in reqs] == [0, 18]

@@ -50,6 +50,17 @@ def test_a_wide_table_with_few_rows_is_transposed():
     assert ">c3 (ms)<" in out and out.count("<tr>") == 21
 
 
+def test_a_transposed_table_keeps_rows_whose_first_column_is_alike():
+    # the H200 config-flip cost split: two arms, both engine "vllm" -- one column was silently dropped
+    df = pd.DataFrame([{"engine": "vllm", "lane": "arm0", **{f"c{i}": i for i in range(20)}},
+                       {"engine": "vllm", "lane": "arm1", **{f"c{i}": i + 100 for i in range(20)}}])
+    head = re.search(r"<thead>(.*?)</thead>", rv.table_html(df)).group(1)
+    assert re.findall(r">([^<]*)</th>", head) == ["", "vllm / arm0", "vllm / arm1"]
+    same = pd.DataFrame([{"engine": "vllm", **{f"c{i}": i for i in range(20)}}] * 2)
+    out = rv.table_html(same)
+    assert ">vllm (row 0)<" in out and ">vllm (row 1)<" in out
+
+
 def test_a_wide_table_with_many_rows_is_split_repeating_its_first_column():
     df = pd.DataFrame({"arm": list("abcdef"), **{f"c{i}": range(6) for i in range(12)}})
     out = rv.table_html(df, max_columns=5)

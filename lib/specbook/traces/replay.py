@@ -22,10 +22,18 @@ def load_draft(model: str | Path, dtype: str = "bfloat16") -> Any:
     """The draft as a transformers causal LM (an embedded name -> its prepared folder)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from specbook.engines.base import resolve_model
 
-    lm = AutoModelForCausalLM.from_pretrained(resolve_model(str(model)), dtype=getattr(torch, dtype))
+    # the report is the replay's reader: no "Loading weights" bar written into its cell's output
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(resolve_model(str(model)), dtype=getattr(torch, dtype))
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
     lm.eval()
     return lm
 

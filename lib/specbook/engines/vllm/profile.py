@@ -5,7 +5,8 @@ the older `VLLM_TORCH_PROFILER_DIR` variable is gone from the 0.32 source) plus
 `VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`, which turns on the model runner's named scopes
 (`gpu_model_runner: forward`, `... sample`, `... draft`, ...) that the split is read from. The server
 then answers POST /start_profile and /stop_profile; each worker writes `rank<N>.<id>.pt.trace.json`
-into DIR on stop (gzip off, stacks off: smaller, faster to write).
+into DIR on stop (gzip off, stacks off: faster to write). Once reduced, the traces are gzipped in place
+(`compress_traces`): a CUDA trace of two prompts was 0.3-1 GB of JSON on the H200.
 
 The trace: every engine step of a worker is one user annotation named
 `execute_context_<n>(<tokens>)_generation_<n>(<tokens>)` (vLLM's annotate_profile), followed by the
@@ -17,13 +18,15 @@ before a new request's prefill the engine may have been idle waiting for that re
 
 CUDA (vLLM 0.26 on the H200): the CPU-side scopes only time kernel launches there; where the trace
 holds `gpu_user_annotation` events (the same scopes as seen on the GPU stream) the parts are read from
-those. Written against vLLM's source and the CPU trace; no CUDA trace has been reduced here yet.
+those (reduced on the H200 with vLLM 0.26: the split reads the gpu timeline).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +44,7 @@ PART_SCOPES = {
     "sampling": "gpu_model_runner: sample",  # sampling with rejection of the drafts
 }
 STEP_RE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
-TRACE_GLOB = "*.pt.trace.json"
+TRACE_GLOB = "*.pt.trace.json*"  # plain, or gzipped once reduced (compress_traces)
 PROFILES_WHOLE_SERVER = False  # the profiler records only between /start_profile and /stop_profile
 
 
@@ -103,7 +106,11 @@ class StepSplit:
 
 def load_events(path: Path) -> list[dict[str, Any]]:
     try:
-        doc = json.loads(Path(path).read_text())
+        if str(path).endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                doc = json.load(fh)
+        else:
+            doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise EngineError(f"vLLM profiler trace {path}: cannot be read as JSON ({exc})") from exc
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
@@ -155,6 +162,21 @@ def reduce_trace(path: Path) -> StepSplit:
     return reduce_events(load_events(path), source=str(path))
 
 
+def compress_traces(trace_dir: Path) -> list[Path]:
+    """Gzip every plain trace in `trace_dir` in place (fast level: JSON shrinks ~10x at it); the gzipped
+    ones, which load_events and worker_traces read as they read the plain ones."""
+    done = []
+    for path in sorted(Path(trace_dir).glob("*.pt.trace.json")):
+        target = path.with_name(path.name + ".gz")
+        tmp = target.with_name(target.name + ".tmp")
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        tmp.replace(target)
+        path.unlink()
+        done.append(target)
+    return done
+
+
 def measure(server: Any, requests: Any, trace_dir: Path) -> tuple[StepSplit, float]:
     """Send `requests` between /start_profile and /stop_profile; the rank-0 worker's trace reduced, and
     the requests' wall time under the profiler."""
@@ -168,4 +190,6 @@ def measure(server: Any, requests: Any, trace_dir: Path) -> tuple[StepSplit, flo
     traces = worker_traces(trace_dir)
     if not traces:
         raise EngineError(f"vLLM profiled pass on {server.name}: no worker trace in {trace_dir} after /stop_profile")
-    return reduce_trace(traces[0]), wall
+    split = reduce_trace(traces[0])
+    compress_traces(trace_dir)
+    return split, wall
