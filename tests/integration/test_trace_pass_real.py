@@ -100,3 +100,27 @@ def test_loading_the_replay_draft_writes_no_progress_bar(capfd):
     out, err = capfd.readouterr()
     assert "Loading weights" not in out + err, err[-300:]
     assert hf_logging.is_progress_bar_enabled()  # put back as it was for the rest of the process
+
+
+def test_replay_cache_walk_equals_a_fresh_generate_at_each_anchor():
+    # greedy_proposals cuts one KV cache back anchor by anchor; the reference here prefills each prefix anew.
+    # In float32: in bf16 the two orders of summation already tie at this sequence's anchor 20 (30.375 twice)
+    import torch
+
+    from specbook.traces.replay import greedy_proposals
+
+    lm = load_draft(DRAFT_INT4, "float32")
+    seq = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 314, 2, 198, 1, 4093, 198, 19161,
+           260, 1932, 216, 33, 30, 2683, 24, 1302, 2, 198, 1, 520, 9531, 198, 504, 1296, 338, 253, 10589]
+    anchors = [1, 2, 9, 20, 21, 30, len(seq)]
+    fresh = []
+    for a in anchors:
+        with torch.inference_mode():
+            gen = lm.generate(input_ids=torch.tensor([seq[:a]]), max_new_tokens=K, min_new_tokens=K,
+                              do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0)
+        fresh.append(gen[0, a:].tolist())
+    walked = greedy_proposals(lm, seq, anchors, K)
+    assert walked == fresh
+    assert greedy_proposals(lm, seq, list(reversed(anchors)), K) == list(reversed(fresh))  # the caller's order
+    with pytest.raises(ValueError, match="anchors must lie in 1..37"):
+        greedy_proposals(lm, seq, [0, 5], K)
