@@ -84,7 +84,8 @@ def _post(base_url: str, path: str) -> None:
 
 def worker_traces(trace_dir: Path) -> list[Path]:
     """The workers' traces in `trace_dir` (rank<N>.*), not the API server's front-end trace."""
-    return sorted(p for p in Path(trace_dir).glob(TRACE_GLOB) if p.name.startswith("rank"))
+    return sorted(p for p in Path(trace_dir).glob(TRACE_GLOB)
+                  if p.name.startswith("rank") and p.name.endswith((".json", ".json.gz")))  # not a cut .gz.tmp
 
 
 @dataclass(frozen=True)
