@@ -141,7 +141,7 @@ def set_aside_unfinished(ctx: RunContext, units: Units) -> dict[str, Any]:
         unfinished = ~keys.isin(done)
         if unfinished.any():
             frame[unfinished].reset_index(drop=True).to_parquet(target(f"data/{name}.parquet"))
-            ctx.save_frame(name, frame[~unfinished].reset_index(drop=True))
+            ctx.save_frame(name, _integers_back(frame[~unfinished].reset_index(drop=True), frame[unfinished]))
             moved["rows"][name] = int(unfinished.sum())
     for log in sorted(ctx.logs_dir.glob("*.log")):
         # NAME.log, or NAME.<n>.log for a relaunch's earlier log; only server logs (the runner keeps others there)
@@ -154,6 +154,22 @@ def set_aside_unfinished(ctx: RunContext, units: Units) -> dict[str, Any]:
     moved["folder"] = str(folder.relative_to(ctx.run_dir))
     (folder / "set_aside.json").write_text(json.dumps(moved, indent=1) + "\n", encoding="utf-8")
     return moved
+
+
+def _integers_back(kept: Any, moved: Any) -> Any:
+    """The kept rows with the integer columns they had before a moved row made them float: a failed unit's row
+    lacks the counts an ok row has (NaN), and appending it turned those int64 columns into float64. A resumed
+    run's frames must read like an uninterrupted run's, dtypes included. (A float column whose kept values are
+    all whole numbers comes back int64 as well; its values are unchanged.)"""
+    import numpy as np
+
+    out = kept.copy()
+    for col in kept.columns:
+        values = kept[col]
+        if (values.dtype == np.float64 and len(values) and moved[col].isna().any() and values.notna().all()
+                and bool((values == np.floor(values)).all()) and bool((values.abs() < 2**53).all())):
+            out[col] = values.astype(np.int64)
+    return out
 
 
 def set_aside_folder(folder: str | os.PathLike[str]) -> Path | None:

@@ -91,6 +91,23 @@ def test_set_aside_moves_what_unfinished_units_left_and_keeps_the_rest(tmp_path)
     assert resume.set_aside_unfinished(ctx, STATUS_UNITS)["folder"] == "unfinished/2"
 
 
+def test_set_aside_gives_back_the_integer_columns_a_failed_row_made_float(tmp_path):
+    # Seen in CI: the kill hit while a unit's server was dying, the kernel appended that unit's failed row (no
+    # counts, NaN) and the kept ok rows' int64 counts were float64 from then on: the resumed run's frame read
+    # differently from an uninterrupted run's. Columns that were float anyway stay float.
+    ctx = RunContext(tmp_path / "run")
+    ok = pd.DataFrame({"unit": ["u0", "u1"], "status": ["ok", "ok"], "seed": [7, 8], "tok_s": [2.0, 3.5],
+                       "ready_s": [31.2, 30.4]})
+    ctx.save_frame("units", ok)
+    ctx.append_frame("units", pd.DataFrame([{"unit": "u2", "status": "failed", "ready_s": float("nan")}]))
+    assert ctx.load_frame("units")["seed"].dtype == "float64"
+    resume.set_aside_unfinished(ctx, STATUS_UNITS)
+    kept = ctx.load_frame("units")
+    assert kept["seed"].dtype == "int64" and list(kept["seed"]) == [7, 8]
+    assert kept["tok_s"].dtype == "float64"  # the moved row had no NaN there: it was float before it
+    pd.testing.assert_frame_equal(kept, ok)
+
+
 def test_set_aside_names_a_frame_without_the_unit_columns(tmp_path):
     ctx = RunContext(tmp_path / "run")
     ctx.save_frame("units", pd.DataFrame({"unit": ["u0"]}))
