@@ -230,10 +230,12 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
     managed = launch(cfg, name=name, log_path=run.log_path(name))
     versions: dict[str, str] = {"engine": engine.name}
     status, error = "ok", None
+    processes: int | None = None
     progress.note(f"{name}: starting {engine.name} server")
     try:
         with managed:
             progress.note(f"{name}: server ready in {progress.duration(managed.ready_s)}")
+            processes = managed.process_count()  # the engine's process layout, an asymmetry between engines
             versions = engine.probe_versions(managed.base_url)
             yield Server(managed, engine, cfg, versions)
     except (KeyboardInterrupt, SystemExit) as exc:
@@ -248,5 +250,7 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
             startup = engine.startup_facts(managed.log_path)
         except Exception as exc:  # a parser slip must not cost the record or hide the unit's own error
             startup = {"error": f"{type(exc).__name__}: {exc}"}
+        if processes:
+            startup = {**startup, "processes": processes}
         run.record_server(name, managed.argv, managed.launched_env, versions, managed.started_at, stopped,
                           managed.ready_s, extra=extra, startup=startup, status=status, error=error)

@@ -459,6 +459,10 @@ class ManagedServer:
                 self.stopped_at = datetime.now(timezone.utc)
             _LIVE_SERVERS.discard(self)
 
+    def process_count(self) -> int:
+        """How many processes this server runs now (its tree, its session, marker holders)."""
+        return len(self._descendants()) if self._proc else 0
+
     def surviving_pids(self) -> list[int]:
         """Pids of this server's processes still alive (empty after a clean teardown)."""
         return [p.pid for p in self._known.values() if _alive(p)] if self._proc else []

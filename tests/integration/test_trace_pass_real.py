@@ -57,6 +57,11 @@ def _check_well_formed(ts: TraceSet) -> None:
     assert verified["anchor_ok"].all(), verified[~verified["anchor_ok"].astype(bool)].head()
     assert not (verified["next_anchor_ok"] == False).any()  # noqa: E712
     assert ts.disagreements() == [], (ts.disagreements(), ts.derived_acceptance(), ts.counters)
+    # llama.cpp says what it accepted at every step ("add accepted tokens: ... ids.size"): the same, step by step
+    known = verified[verified["engine_accepted"].notna()]
+    if ts.engine == "llamacpp":
+        assert len(known) == len(verified), f"{len(verified) - len(known)} llama.cpp steps without the engine's count"
+    assert (known["accepted"] == known["engine_accepted"]).all(), known[known["accepted"] != known["engine_accepted"]]
     acc = ts.derived_acceptance()
     print(f"\n[{ts.server}] {len(ts.requests)} requests, {ts.output_tokens} tokens, {len(verified)} draft steps: "
           f"derived drafts={acc.drafts:g} draft_tokens={acc.draft_tokens:g} accepted={acc.accepted_tokens:g} "

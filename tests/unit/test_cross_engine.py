@@ -347,7 +347,7 @@ def test_runs_without_the_optional_passes_analyse_as_before(tmp_path):
     result = ce.analyze(data, old_params)
     assert result.trace_agreement.empty and result.equal_work_headline.empty and result.cost_split.empty
     assert result.proposals_note == ce.PROPOSALS_NOTE
-    assert result.answer(old_params).evidence[-1] == "usable cells per lane: off 1 of 1, ngram 1 of 1"
+    assert result.answer(old_params).evidence[-2] == "usable cells per lane: off 1 of 1, ngram 1 of 1"
     # with equal work on but no cell to re-run, the second headline is the strict one, labelled as such
     with_equal = ce.analyze(data, load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"]))
     pd.testing.assert_series_equal(with_equal.equal_work_headline["ratio"], with_equal.headline["ratio"])

@@ -83,6 +83,9 @@ class _ShapedAdapter:
     def summarise_log(self, path):
         raise NotImplementedError
 
+    def setup_facts(self, cfg, startup):
+        raise NotImplementedError
+
 
 PROTOCOL_METHODS = sorted(n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_"))
 
@@ -273,7 +276,7 @@ def test_startup_facts_come_from_each_engine_s_own_log():
     log = LOGS / "vllm-cuda-0.26-h200-draft-model.log"
     facts = get_engine("vllm").startup_facts(log)
     assert facts and facts == log_startup_facts(log)
-    assert get_engine("llamacpp").startup_facts(LLAMACPP / "server-draft.log") == {}
+    assert get_engine("llamacpp").startup_facts(LLAMACPP / "server-draft.log") == {"n_threads": 2, "n_slots": 1, "n_ctx_slot": 2048}
 
 
 @pytest.mark.parametrize("log", sorted([*LOGS.glob("*.log"), *LLAMACPP.glob("*.log")]), ids=lambda p: p.name)

@@ -76,6 +76,9 @@ class StubEngine:
     def summarise_log(self, path: str | Path) -> dict:
         return {"acceptance": Acceptance(source="stub: no speculation", drafts=0.0)}
 
+    def setup_facts(self, cfg: EngineConfig, startup) -> dict:
+        return {}
+
 
 @pytest.fixture(scope="module", autouse=True)
 def stub_engine():
@@ -156,7 +159,7 @@ def test_clean_unit_is_recorded_ok_and_windows_hold_their_requests_counters_and_
     assert rec.log_path == "logs/00-stub-ok.log"
     assert rec.env == {"HF_TOKEN": REDACTED, "STUB_VISIBLE": "harness"} == read_env_line(server.log_path)
     assert "hf_secret_value" not in (run.run_dir / SERVERS_NAME).read_text()
-    assert rec.startup == {"mode": "serving", "pid": pid}
+    assert rec.startup == {"mode": "serving", "pid": pid, "processes": 1}  # the stub serves from one process
     # nothing survives the unit
     assert managed.surviving_pids() == [] and gone(pid)
 

@@ -385,6 +385,9 @@ class SecretsStubEngine:
     def summarise_log(self, path) -> dict:
         return {"acceptance": Acceptance(source="stub", drafts=0.0)}
 
+    def setup_facts(self, cfg, startup) -> dict:
+        return {}
+
 
 @pytest.fixture
 def stub_engine(tmp_path):

@@ -16,9 +16,10 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
     [
         ("logs/vllm-cpu-0.32-draft-model.log",
          {"weights_load_s": [0.2, 0.18], "draft_model_loaded": True, "kv_cache_device": "CPU", "kv_cache_tokens": 23296,
-          "init_engine_s": 0.44}),
+          "init_engine_s": 0.44, "omp_core_ids": [[0]], "reserved_cpus": [[1]]}),
         ("logs/vllm-cpu-0.32-ngram.log",
-         {"weights_load_s": [0.34], "kv_cache_device": "CPU", "kv_cache_tokens": 46592, "init_engine_s": 0.48}),
+         {"weights_load_s": [0.34], "kv_cache_device": "CPU", "kv_cache_tokens": 46592, "init_engine_s": 0.48,
+          "omp_core_ids": [[0]], "reserved_cpus": [[1]]}),
         ("llamacpp/server-draft.log", {}),  # llama-server's log holds none of these lines
     ],
 )
@@ -34,3 +35,16 @@ def test_stats_lines_are_not_startup_facts():
     lines = (FIX / "logs/vllm-cpu-0.32-ngram.log").read_text().splitlines()
     stats = [ln for ln in lines if "SpecDecoding metrics" in ln or "Avg prompt throughput" in ln]
     assert stats and startup_facts(stats) == {}
+
+
+def test_vllm_cpu_binds_each_workers_openmp_threads_to_cores_and_keeps_one_for_the_front_end():
+    # 2 cores: the worker's OpenMP threads on core 0, core 1 reserved; data parallel 2: both workers on core 0
+    facts = log_startup_facts(FIX / "logs/vllm-cpu-0.32-ngram-dp2.log")
+    assert (facts["omp_core_ids"], facts["reserved_cpus"]) == ([[0], [0]], [[1]])
+
+
+def test_llamacpp_start_facts_of_a_real_log():
+    from specbook.engines.llamacpp.startup import log_startup_facts as llamacpp_facts
+
+    assert llamacpp_facts(FIX / "llamacpp/server-draft.log") == {"n_threads": 2, "n_slots": 1, "n_ctx_slot": 2048}
+    assert llamacpp_facts(FIX / "logs/vllm-cpu-0.32-ngram.log") == {}  # a vLLM log holds none of these lines

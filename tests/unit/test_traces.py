@@ -43,7 +43,8 @@ def test_llamacpp_draft_simple_lines_give_records_with_anchor_and_proposals():
         ("task-0", 43, 39080, (28, 21285, 28, 23636)),
         ("task-0", 45, 12619, (3231, 28, 38766, 28)),
     ]
-    assert [r.engine_accepted for r in recs] == [1, None]  # the server prints no count for the final step
+    # "add accepted tokens: ... ids.size=N" gives N - 1 for every step; "accepted a/k" is not printed for the last
+    assert [r.engine_accepted for r in recs] == [1, 3]
     steps = derive_request_steps(records_frame(recs), len(doc["prompt_ids"]), doc["output_ids"])
     assert steps["accepted"].tolist() == [1, 3]
     assert steps["anchor_ok"].tolist() == [True, True]
@@ -67,6 +68,48 @@ def test_llamacpp_ngram_proposals_come_from_the_history_and_match_the_engines_ow
     assert steps["anchor_ok"].all()
     assert recs[0].proposed == (34, 30, 9230)  # "2. Yes" drafted again after "1. Yes\n"
     assert ngram_proposals(parsed, {})[0].proposed == ()  # no history: no proposals, never guessed
+
+
+def test_llamacpp_ends_a_step_at_a_matched_eog_short_of_the_drafts_end():
+    """Verbatim: the CPU cross-engine demo's llama.cpp draft_model trace pass (see the fixtures' README). The
+    target stopped on <|im_end|> (id 2) where the draft had proposed it too; llama.cpp counts that EOG as the
+    target's own token unless it is the draft's last (common_sampler_sample_and_accept_n)."""
+    doc = REQUESTS["llamacpp-draft-simple-eos-first.log"]
+    parsed = _parsed("llamacpp-draft-simple-eos-first.log")
+    assert parsed.stopped_on_eog == {"task-24"} and parsed.emitted["task-24"] == doc["output_ids"]
+    frame = records_frame(parsed.records)
+    assert frame["proposed"].iloc[-1] == [2, 198, 1, 4093] and frame["engine_accepted"].iloc[-1] == 0
+    plain = derive_request_steps(frame, len(doc["prompt_ids"]), doc["output_ids"])
+    assert plain["accepted"].iloc[-1] == 1 and plain["cut"].iloc[-1]  # the plain match: 1, a lower bound...
+    # ... above what the engine counted (0): with llama.cpp's rule the count is exact, step by step
+    steps = derive_request_steps(frame, len(doc["prompt_ids"]), doc["output_ids"], eog_stop=True)
+    assert steps["accepted"].tolist() == steps["engine_accepted"].tolist() == [4, 0, 0]
+    assert not steps["cut"].any()
+    acc = derived_acceptance(steps)
+    # the server's own line for the request: "draft acceptance = 0.33333 (    4 accepted /    12 generated)"
+    assert (acc.accepted_tokens, acc.draft_tokens) == (4, 12)
+
+    tails = _parsed("llamacpp-draft-simple-eos-tails.log")  # the last step of two more requests
+    assert tails.stopped_on_eog == {"task-176", "task-217"}
+    for rid, proposed, engine in (("task-176", [340, 30, 2, 198], 2), ("task-217", [281, 2321, 30, 2], 4)):
+        d = REQUESTS[f"llamacpp-draft-simple-eos-tails.log#{rid}"]
+        recs = records_frame([r for r in tails.records if r.request_id == rid])
+        assert recs["proposed"].tolist() == [proposed] and recs["engine_accepted"].tolist() == [engine]
+        got = derive_request_steps(recs, len(d["prompt_ids"]), d["output_ids"], eog_stop=True)
+        # task-176: matched 3 ids up to the EOG at draft position 3 of 4: 2 accepted; task-217: the EOG is the
+        # draft's last proposal, accepted (the target's next sample past it is never emitted)
+        assert got["accepted"].tolist() == [engine] and not got["cut"].any()
+
+
+def test_llamacpp_ngram_draft_shortened_to_what_the_request_may_still_emit():
+    """Verbatim: ngram-simple found a 4-token continuation, the server drafted 3 (`#draft=3`: 4 tokens left to
+    max_tokens 96); the proposals are cut to what was drafted, as the engine's counts say."""
+    doc = REQUESTS["llamacpp-ngram-simple-cut-draft.log"]
+    parsed = _parsed("llamacpp-ngram-simple-cut-draft.log")
+    (rec,) = ngram_proposals(parsed, {"task-107": doc["prompt_ids"] + doc["output_ids"]})
+    assert len(rec.proposed) == 3 and rec.engine_accepted == 3 and not parsed.stopped_on_eog
+    steps = derive_request_steps(records_frame([rec]), len(doc["prompt_ids"]), doc["output_ids"])
+    assert steps["accepted"].tolist() == [3] and steps["status"].tolist() == [VERIFIED]
 
 
 def _frame(rows):

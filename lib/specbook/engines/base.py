@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -77,6 +77,51 @@ class Engine(Protocol):
         """A whole log file summed through the acceptance model, by the engine's own log parser:
         specbook.ingest.IngestResult's fields, with the counts as `acceptance` (an Acceptance)."""
         ...
+
+    def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
+        """How a server was set up, on SETUP_ASPECTS (the aspects every engine can be lined up on): from the
+        declared config and what its log said at start (`startup`: startup_facts plus the harness's
+        `processes`). An aspect the engine cannot tell is absent."""
+        ...
+
+
+def facts_of_log(path: str | Path, parse: Callable[[Iterable[str]], dict[str, Any]]) -> dict[str, Any]:
+    """What a start-up facts parser reads from a log file; {} when it does not exist (a server that never
+    started)."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return parse(fh)
+
+
+class SetupFact(NamedTuple):
+    """One aspect of a server's set-up: `value` is what two engines are compared on, `detail` how this engine
+    got there (its flags, what its log said)."""
+
+    value: str
+    detail: str = ""
+
+
+# What a cross-engine report lines up side by side; a differing value is an asymmetry of the comparison.
+SETUP_ASPECTS = ("compute threads", "server processes", "concurrent sequences", "context per sequence", "weights",
+                 "graphs / compilation", "speculation", "draft tokens per step")
+
+
+def speculation_facts(spec: Mapping[str, Any] | None, *, ngram_lookup: str, draft_detail: str,
+                      k_detail: str) -> dict[str, SetupFact]:
+    """The speculation aspects of a vLLM-style speculative_config, with the engine's own wording."""
+    if not spec:
+        return {"speculation": SetupFact("off")}
+    method = spec.get("method") or ("draft_model" if spec.get("model") else "?")
+    k = str(spec.get("num_speculative_tokens", "?"))
+    if method == "ngram":
+        what = SetupFact(f"ngram, match length {ngram_lookup}", "draft from the request's own tokens")
+    elif method == "draft_model":
+        what = SetupFact(f"draft model {Path(str(spec.get('model'))).name}", draft_detail)
+    else:
+        what = SetupFact(str(method))
+    return {"speculation": what, "draft tokens per step": SetupFact(k, k_detail)}
 
 
 LOOPBACK = "127.0.0.1"  # every server specbook launches listens on this machine only

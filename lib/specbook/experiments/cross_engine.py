@@ -48,6 +48,7 @@ from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.guards import GuardThresholds, GuardVerdict, SideOutputs, guard_cell
 from specbook.params import ExperimentParams
 from specbook.request_failures import RequestMeasurement
+from specbook.setups import asymmetries
 from specbook.workloads.params import WorkloadParams
 
 if TYPE_CHECKING:
@@ -378,6 +379,8 @@ class CrossData:
     trace_reference: pd.DataFrame = field(default_factory=pd.DataFrame)
     cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
     equal_work: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # server name -> start-up facts (servers.jsonl, updated from its log: specbook.setups.startup_of)
+    startup: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
@@ -645,6 +648,8 @@ def load(ctx: Any) -> CrossData:
     def timed(frame: pd.DataFrame) -> pd.DataFrame:  # runs saved before unit kinds: every row is timed
         return frame if "kind" in frame else frame.assign(kind="timed")
 
+    from specbook.setups import startup_of
+
     cells = upgrade_position_columns(ctx.load_frame(CELLS_FRAME)).rename(columns=_OLD_CELL_COLUMNS)
     return CrossData(
         requests=timed(ctx.load_frame(REQUESTS_FRAME)),
@@ -660,6 +665,7 @@ def load(ctx: Any) -> CrossData:
         trace_reference=maybe_frame(cet.TRACE_REFERENCE),
         cost_split=maybe_frame(COST_SPLIT_FRAME),
         equal_work=maybe_frame(EQUAL_WORK_FRAME),
+        startup={r.name: startup_of(ctx.run_dir, r) for r in ctx.servers()},
     )
 
 
@@ -939,6 +945,24 @@ GUARD_COLUMNS = [
 ]
 
 
+def setup_table(data: CrossData, params: CrossEngineParams) -> pd.DataFrame:
+    """Per lane, each set-up aspect of the two timed servers side by side (specbook.setups: the declared
+    config and what each server's log said at start); `differs` marks an asymmetry of the comparison."""
+    from specbook.setups import SETUP_COLUMNS, setup_facts, setup_rows
+
+    rows: list[dict[str, Any]] = []
+    timed = data.servers[data.servers["kind"] == "timed"] if "kind" in data.servers else data.servers
+    named = {"side", "lane", "server"} <= set(timed.columns)
+    for lane in params.lanes:
+        facts = {}
+        for which in ("ours", "oracle"):
+            found = timed.loc[(timed["side"] == which) & (timed["lane"] == lane.name), "server"] if named else []
+            startup = data.startup.get(str(found.iloc[0]), {}) if len(found) else {}
+            facts[which] = setup_facts(lane_config(params.side(which), lane), startup)
+        rows += setup_rows(lane.name, facts["ours"], facts["oracle"])
+    return pd.DataFrame(rows, columns=SETUP_COLUMNS)
+
+
 def pins_table(data: CrossData) -> pd.DataFrame:
     """side / key / expected / found / ok for every declared pin."""
     rows = []
@@ -992,6 +1016,8 @@ class CrossResult:
     prefix_acceptance: pd.DataFrame = field(default_factory=pd.DataFrame)
     # per-step cost split per side x lane (params cost_split; a separate profiled pass)
     cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per lane x set-up aspect: the two timed servers side by side, asymmetries marked (specbook.setups)
+    setup: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def report_cells(self) -> pd.DataFrame:
@@ -1046,6 +1072,10 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
     share = cet.identical_share_line(result.matched_summary)
     if share:
         evidence.append(share)
+    if len(result.setup):
+        differ = asymmetries(result.setup)
+        evidence.append("set-ups differ in: " + "; ".join(differ) if differ
+                        else "the two set-ups agree on every aspect compared")
     return report_view.Summary(
         question=f"How fast is {ours} against the pinned {oracle} oracle on the same weights, lanes and prompts, "
                  "counting only cells the guards call comparable?",
@@ -1093,6 +1123,7 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
         prefix_acceptance=cet.prefix_acceptance_table(data.trace_steps, data.trace_requests, labels)
         if traced else pd.DataFrame(),
         cost_split=cost_split_table(data),
+        setup=setup_table(data, params),
         categories=categories.cross_engine_by_category(
             cells, data.cells, category_of(data, params),
             lambda group: headline(group, ci=params.ci_level, n_boot=params.n_boot)),

@@ -12,6 +12,12 @@ rejection sampler kept, before the stop cuts the output). Such a step is `cut`: 
 lower bound and `accepted_max` (all its proposals) the upper one; counts_agree checks the counters lie
 between.
 
+llama.cpp's verifier (common_sampler_sample_and_accept_n) ends a step at an end-of-generation token the
+target samples short of the draft's end, even where the draft proposed that very token: the EOG is the
+target's own token of the step, not an accepted one (only a trailing EOG, at the draft's last position, is
+accepted). So for a request that stopped on an EOG (`eog_stop`), the step whose match reaches that last
+token accepted one fewer than it matched, and nothing past it was checked: its count is exact, not cut.
+
 A step's status says whether it counts:
     verified    a draft the target checked (counted)
     empty       no draft proposed (ngram found no match): not a draft step for either engine
@@ -40,11 +46,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def derive_request_steps(records: pd.DataFrame, prompt_len: int, output_ids: Sequence[int]) -> pd.DataFrame:
+def derive_request_steps(records: pd.DataFrame, prompt_len: int, output_ids: Sequence[int], *,
+                         eog_stop: bool = False) -> pd.DataFrame:
     """One request's records (records_frame rows, in step order) with `emitted_before`, `status`,
     `accepted` (derived), `anchor_ok` (the record's anchor id equals the token at anchor_pos - 1) and
     `next_anchor_ok` (the next record's anchor equals this anchor + accepted + 1, greedy's layout; None
-    where the next record lies further on)."""
+    where the next record lies further on). `eog_stop`: the request stopped on an end-of-generation token
+    (its last output id) and the engine ends a step there (llama.cpp; see the module's docstring)."""
     out = records.copy()
     seq = list(output_ids)
     emitted_before, status, accepted, anchor_ok = [], [], [], []
@@ -65,6 +73,10 @@ def derive_request_steps(records: pd.DataFrame, prompt_len: int, output_ids: Seq
         anchor_ok.append(bool(known and int(anchor_id) == seq[o - 1]) if known else None)
     out["emitted_before"] = emitted_before
     cut = [st == VERIFIED and o + a >= len(seq) for st, o, a in zip(status, emitted_before, accepted, strict=True)]
+    if eog_stop:
+        # the match reaches the stopping EOG: one fewer accepted where proposals went on past it; exact
+        accepted = [a - 1 if c and a < len(p) else a for c, a, p in zip(cut, accepted, out["proposed"], strict=True)]
+        cut = [False] * len(cut)
     out["cut"] = cut
     out["accepted_max"] = [len(p) if c else a for c, p, a in zip(cut, out["proposed"], accepted, strict=True)]
     out["status"] = status
@@ -79,10 +91,12 @@ def derive_request_steps(records: pd.DataFrame, prompt_len: int, output_ids: Seq
     return out
 
 
-def derive_steps(records: pd.DataFrame, requests: Mapping[str, tuple[int, Sequence[int]]]) -> pd.DataFrame:
-    """Every request's derived steps; `requests`: request_id -> (prompt_len, emitted ids). Records of a
-    request not in `requests` (warm-up, another window) are left out."""
-    parts = [derive_request_steps(group, *requests[rid])
+def derive_steps(records: pd.DataFrame, requests: Mapping[str, tuple[int, Sequence[int]]],
+                 eog_stops: frozenset[str] | set[str] = frozenset()) -> pd.DataFrame:
+    """Every request's derived steps; `requests`: request_id -> (prompt_len, emitted ids); `eog_stops`: the
+    requests derived with `eog_stop`. Records of a request not in `requests` (warm-up, another window) are
+    left out."""
+    parts = [derive_request_steps(group, *requests[rid], eog_stop=rid in eog_stops)
              for rid, group in records.groupby("request_id", sort=False) if rid in requests]
     if not parts:
         return records.assign(emitted_before=[], cut=[], accepted_max=[], status=[], accepted=[], anchor_ok=[],

@@ -68,8 +68,9 @@ def trace_set_frames(ts: Any) -> dict[str, pd.DataFrame]:
     requests = pd.DataFrame(
         [{"prompt_id": r.prompt_id, "request_id": str(r.request_id), "prompt_len": int(r.prompt_len),
           "prompt_ids": None if r.prompt_ids is None else [int(t) for t in r.prompt_ids],
-          "output_ids": [int(t) for t in r.output_ids], "finish_reason": r.finish_reason} for r in ts.requests],
-        columns=["prompt_id", "request_id", "prompt_len", "prompt_ids", "output_ids", "finish_reason"])
+          "output_ids": [int(t) for t in r.output_ids], "finish_reason": r.finish_reason,
+          "eog_stop": bool(r.eog_stop)} for r in ts.requests],
+        columns=["prompt_id", "request_id", "prompt_len", "prompt_ids", "output_ids", "finish_reason", "eog_stop"])
     counters = ts.counters.counts() if ts.counters is not None else {}
     passes = pd.DataFrame([{"engine": ts.engine, "server": ts.server, "method": ts.method,
                             "untraceable": ts.untraceable, "notes": "; ".join(ts.notes), "wall_s": float(ts.wall_s),

@@ -33,7 +33,9 @@ TRACE_NOTE = "proposal traces come from a separate, untimed trace pass (debug lo
 
 @dataclass
 class RequestTrace:
-    """One request of the pass: its ids (prompt and emitted) and the engine's id for it."""
+    """One request of the pass: its ids (prompt and emitted) and the engine's id for it. `eog_stop`: it
+    stopped on an end-of-generation token at which the engine's verifier ends a draft step (llama.cpp's
+    rule, specbook.traces.derive); the engine's reader sets it."""
 
     prompt_id: str
     request_id: str
@@ -41,6 +43,7 @@ class RequestTrace:
     prompt_len: int
     output_ids: list[int]
     finish_reason: str | None = None
+    eog_stop: bool = False
 
 
 @dataclass
@@ -61,7 +64,7 @@ class TraceSet:
     def steps(self) -> pd.DataFrame:
         """Every request's derived steps (specbook.traces.derive) with its prompt_id."""
         reqs = {r.request_id: (r.prompt_len, r.output_ids) for r in self.requests}
-        steps = derive_steps(self.records, reqs)
+        steps = derive_steps(self.records, reqs, {r.request_id for r in self.requests if r.eog_stop})
         pid = {r.request_id: r.prompt_id for r in self.requests}
         steps.insert(0, "prompt_id", steps["request_id"].map(pid))
         return steps
@@ -134,9 +137,12 @@ def _llamacpp_read(server: Server, folder: Path, log_text: str, responses: list[
         prompt_ids = _llamacpp_prompt_ids(server, resp)
         out = parsed.emitted[task]
         traced.append(RequestTrace(req.prompt_id, task, prompt_ids, int(resp["usage"]["prompt_tokens"]), out,
-                                   resp["choices"][0].get("finish_reason")))
+                                   resp["choices"][0].get("finish_reason"), eog_stop=task in parsed.stopped_on_eog))
         if prompt_ids is not None:
             histories[task] = list(prompt_ids) + out
+    if parsed.stopped_on_eog:
+        notes.append("llama.cpp ends a draft step at an end-of-generation token short of the draft's end (its own "
+                     "token, not an accepted one, even where the draft proposed it): the derived counts follow that")
     if parsed.ngram_matches:
         notes.append("llama.cpp ngram-simple prints where its match lies, not the ids: its proposals are read "
                      "from the token history (prompt ids from /tokenize + emitted ids)")

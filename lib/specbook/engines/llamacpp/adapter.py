@@ -21,13 +21,21 @@ llama-server reads them as flags, and a stray one would change the run unseen.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.digest import sha256_bytes, sha256_file
 from specbook.engines import register_engine
-from specbook.engines.base import LOOPBACK, EngineConfig, dist_version, loopback_spec, server_json_field
+from specbook.engines.base import (
+    LOOPBACK,
+    EngineConfig,
+    SetupFact,
+    dist_version,
+    loopback_spec,
+    server_json_field,
+    speculation_facts,
+)
 from specbook.errors import EngineError
 from specbook.server import ServerSpec
 
@@ -226,8 +234,29 @@ class LlamaCppEngine:
         return counter_delta(before, after)
 
     def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
-        """llama-server's log carries no fact specbook records at start yet."""
-        return {}
+        """Threads, slots and context per slot, as the log says (specbook.engines.llamacpp.startup)."""
+        from specbook.engines.llamacpp.startup import log_startup_facts
+
+        return log_startup_facts(log_path)
+
+    def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
+        facts: dict[str, SetupFact] = {}
+        if startup.get("n_threads"):
+            facts["compute threads"] = SetupFact(str(startup["n_threads"]), "n_threads (-t)")
+        if startup.get("processes"):
+            facts["server processes"] = SetupFact(str(startup["processes"]), "llama-server")
+        facts["concurrent sequences"] = SetupFact(str(startup.get("n_slots") or cfg.max_num_seqs or 1), "-np (slots)")
+        ctx = startup.get("n_ctx_slot") or cfg.max_model_len
+        if ctx:
+            facts["context per sequence"] = SetupFact(str(ctx), "n_ctx_slot")
+        facts["weights"] = SetupFact("bfloat16", "a GGUF of the same bf16 tensors (specbook.models.weights)")
+        facts["graphs / compilation"] = SetupFact("llama.cpp's own", "ggml graphs, reused between steps; no switch")
+        spec = cfg.speculative_config or {}
+        n = spec.get("prompt_lookup_max", spec.get("prompt_lookup_min", 3))
+        facts.update(speculation_facts(
+            cfg.speculative_config, ngram_lookup=str(n), draft_detail="draft-simple, p-min 0, greedy verification",
+            k_detail="--spec-draft-n-max / --spec-ngram-simple-size-m"))
+        return facts
 
     def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
         """One row per finished request's draft statistics line, in the acceptance model's columns."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +12,12 @@ from specbook.engines import register_engine
 from specbook.engines.base import (
     LOOPBACK,
     EngineConfig,
+    SetupFact,
     dist_version,
     loopback_spec,
     resolve_model,
     server_json_field,
+    speculation_facts,
     torch_cuda_version,
 )
 from specbook.errors import EngineError
@@ -31,6 +33,11 @@ CLI_MODULE = "vllm.entrypoints.cli.main"
 CLI_SHIM_MODULE = "specbook.engines.vllm.cli"
 DEFAULT_LOG_STATS_INTERVAL_S = "1"  # many intervals for steady-state analysis (vLLM's default is 10)
 CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
+
+
+def _dtype_name(dtype: str | None) -> str:
+    names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    return names.get(str(dtype).lower(), str(dtype).lower()) if dtype and dtype != "auto" else "the checkpoint's"
 
 
 def cli_module() -> str:
@@ -128,6 +135,30 @@ class VllmEngine:
         from specbook.engines.vllm.startup import log_startup_facts
 
         return log_startup_facts(log_path)
+
+    def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
+        facts: dict[str, SetupFact] = {}
+        workers = startup.get("omp_core_ids")
+        if workers:  # vLLM-CPU: one OpenMP thread per bound core, per worker
+            bound = workers[0] if len(workers) == 1 else workers
+            reserved = [c for ids in startup.get("reserved_cpus") or [] for c in ids]
+            facts["compute threads"] = SetupFact(str(sum(len(ids) for ids in workers)), f"OpenMP bound to cores {bound}"
+                                                 + (f"; {reserved} reserved for the front end" if reserved else ""))
+        if startup.get("processes"):
+            facts["server processes"] = SetupFact(str(startup["processes"]), "API server, engine core, workers")
+        facts["concurrent sequences"] = SetupFact(str(cfg.max_num_seqs or "vLLM's default"), "--max-num-seqs")
+        if cfg.max_model_len is not None:
+            facts["context per sequence"] = SetupFact(str(cfg.max_model_len), "--max-model-len")
+        facts["weights"] = SetupFact(_dtype_name(cfg.dtype), "--dtype" if cfg.dtype else "the checkpoint's dtype")
+        facts["graphs / compilation"] = (
+            SetupFact("eager", "--enforce-eager: no torch.compile, no CUDA graphs") if cfg.enforce_eager
+            else SetupFact("compiled", "torch.compile and CUDA graphs (vLLM's default)"))
+        spec = cfg.speculative_config or {}
+        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+        facts.update(speculation_facts(
+            cfg.speculative_config, ngram_lookup=f"{lo or hi}..{hi or lo}" if lo != hi else str(hi),
+            draft_detail="greedy draft, verified by the rejection sampler", k_detail="num_speculative_tokens"))
+        return facts
 
     def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
         """One row per `SpecDecoding metrics` interval joined with its stats line (acceptance-model columns)."""

@@ -11,6 +11,8 @@ Lines (vLLM 0.26 CUDA, vllm/platforms/cuda.py and friends):
   KV cache:  "GPU KV cache size: 1,234,567 tokens"   (vLLM-CPU: "CPU KV cache size: 23,296 tokens, ...")
   init:      "init engine (profile, create kv cache, warmup model) took 0.44 s"
   weights:   "Loading weights took 0.20 seconds"   (one per model: target, then draft)
+  CPU cores: "\tlocal_rank=0, core ids=[0]" and "\treserved_cpus=[1]" (vLLM-CPU 0.32's "OpenMP thread binding
+             info", once per worker: its OpenMP threads, one per core id; reserved cores are left to the front end)
 vLLM-CPU 0.32 logs no attention-backend line; the facts it lacks are simply absent.
 
 Target and draft: the engine loads the target, logs "Loading drafter model...", then loads the draft, so a
@@ -93,6 +95,18 @@ def _weights(m: re.Match[str], facts: dict[str, Any]) -> None:
         facts["draft_model_loaded"] = True
 
 
+def _ids(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
+def _omp_cores(m: re.Match[str], facts: dict[str, Any]) -> None:
+    facts.setdefault("omp_core_ids", []).append(_ids(m["ids"]))  # one list per worker (data parallel: several)
+
+
+def _reserved_cpus(m: re.Match[str], facts: dict[str, Any]) -> None:
+    _append("reserved_cpus", _ids(m["ids"]), facts)
+
+
 # Registry: line pattern -> what it adds. Searched anywhere in the line (after vLLM's header).
 STARTUP_FACTS: list[tuple[re.Pattern[str], _Fact]] = [
     (re.compile(r"Using (?P<name>[A-Z][A-Z0-9_]*) attention backend out of potential backends: "
@@ -103,14 +117,17 @@ STARTUP_FACTS: list[tuple[re.Pattern[str], _Fact]] = [
     (re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[\d.]+) s"), _init_engine),
     (re.compile(r"Loading weights took (?P<seconds>[\d.]+) seconds"), _weights),
     (re.compile(re.escape(DRAFTER_LINE)), _drafter),
+    (re.compile(r"core ids=\[(?P<ids>[\d, ]*)\]"), _omp_cores),
+    (re.compile(r"reserved_cpus=\[(?P<ids>[\d, ]*)\]"), _reserved_cpus),
 ]
+_PREFILTER = ("Using", "took", "KV cache size", "drafter", "core ids", "reserved_cpus")
 
 
 def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
     """The facts of STARTUP_FACTS found in `lines`; keys of facts not logged are absent."""
     facts: dict[str, Any] = {ROLE_KEY: {}, PID_KEY: None}
     for line in lines:
-        if "Using" not in line and "took" not in line and "KV cache size" not in line and "drafter" not in line:
+        if not any(word in line for word in _PREFILTER):
             continue  # cheap pre-filter: logs hold thousands of stats lines
         pid = _PID_RE.search(line)
         facts[PID_KEY] = pid.group(1) if pid else None
@@ -131,8 +148,6 @@ def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
 
 def log_startup_facts(path: str | Path) -> dict[str, Any]:
     """startup_facts of a log file; {} when it does not exist (a server that never started)."""
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return startup_facts(fh)
+    from specbook.engines.base import facts_of_log
+
+    return facts_of_log(path, startup_facts)
