@@ -40,7 +40,7 @@ TRACE_REQUESTS = "trace_requests"
 TRACE_PASSES = "trace_passes"
 TRACE_REFERENCE = "trace_reference"
 FRAMES = (TRACE_STEPS, TRACE_REQUESTS, TRACE_PASSES, TRACE_REFERENCE)
-AGREEMENT_COLUMNS = ["engine", "method", "pass_wall_s", "output_tokens", "requests", "derived_drafts",
+AGREEMENT_COLUMNS = ["engine", "method", "pass_wall_s", "output_tokens", "requests_with_drafts", "derived_drafts",
                      "counter_drafts", "derived_draft_tokens", "counter_draft_tokens", "derived_accepted",
                      "derived_accepted_max", "counter_accepted", "agree", "disagreements", "untraceable"]
 MATCHED_COLUMNS = ["prompt_id", "anchor_pos", "proposed_a", "proposed_b", "identical", "first_diff", "accepted_a",
@@ -106,7 +106,8 @@ def pass_agreement(p: Mapping[str, Any], steps: pd.DataFrame) -> dict[str, Any]:
     upper = derived_acceptance(part, upper=True)
     counters = Acceptance.from_row(p, source="counters") if p.get("has_counters", True) else None
     diffs = counts_agree(derived, counters, upper) if counters is not None else ["no counters for this window"]
-    return {**row, "requests": int(part["request_id"].nunique()) if len(part) else 0,
+    drafted = part[part["status"] == VERIFIED] if len(part) else part  # llama.cpp logs no step without a draft
+    return {**row, "requests_with_drafts": int(drafted["request_id"].nunique()) if len(drafted) else 0,
             "derived_drafts": derived.drafts, "counter_drafts": counters.drafts if counters else math.nan,
             "derived_draft_tokens": derived.draft_tokens,
             "counter_draft_tokens": counters.draft_tokens if counters else math.nan,
