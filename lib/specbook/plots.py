@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import FuncFormatter
 
 sns.set_theme(style="whitegrid", context="notebook")
 
@@ -103,20 +104,31 @@ def accuracy(acc: pd.DataFrame):
 
 
 def ratio_bars(cells: pd.DataFrame):
-    """Cross-engine: one bar per cell with its CI; cells the guards flagged grey and hatched."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cells)), 3.5))
-    labels = [f"{r.lane}\n{r.prompt}" for r in cells.itertuples()]
-    x = np.arange(len(cells))
-    colors = ["tab:blue" if ok else "lightgrey" for ok in cells["comparable"]]
-    err = np.vstack([cells["ratio"] - cells["ratio_lo"], cells["ratio_hi"] - cells["ratio"]]).clip(min=0)
-    bars = ax.bar(x, cells["ratio"], color=colors, yerr=err, capsize=3)
-    for bar, ok in zip(bars, cells["comparable"], strict=True):
-        if not ok:
-            bar.set_hatch("//")
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel("ours / oracle tok/s")
-    ax.set_title("Per-cell ratio (grey, hatched: not comparable)")
+    """Cross-engine: one row per lane, one bar per prompt with its CI on a log scale (ratios above and below 1
+    alike); cells the guards flagged grey and hatched. Rows keep a readable width however many prompts."""
+    lanes = list(dict.fromkeys(cells["lane"])) or [""]
+    per_lane = max((int((cells["lane"] == lane).sum()) for lane in lanes), default=1)
+    fig, axes = plt.subplots(len(lanes), 1, figsize=(min(16, max(6, 0.45 * per_lane)), 2.8 * len(lanes)),
+                             sharey=True, squeeze=False)
+    for ax, lane in zip(axes[:, 0], lanes, strict=True):
+        part = cells[cells["lane"] == lane]
+        x = np.arange(len(part))
+        ok = part["comparable"].astype(bool).to_numpy()
+        ratio = part["ratio"].to_numpy(dtype=float)
+        err = np.vstack([ratio - part["ratio_lo"].to_numpy(dtype=float),
+                         part["ratio_hi"].to_numpy(dtype=float) - ratio]).clip(min=0)
+        bars = ax.bar(x, ratio, color=["tab:blue" if c else "lightgrey" for c in ok], yerr=np.nan_to_num(err),
+                      capsize=2)
+        for bar, c in zip(bars, ok, strict=True):
+            if not c:
+                bar.set_hatch("//")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.set_xticks(x, list(part["prompt"]), fontsize=7, rotation=90)
+        ax.set_ylabel("ours / oracle tok/s")
+        ax.set_title(f"lane {lane}: {int(ok.sum())} of {len(part)} cells comparable (blue); grey, hatched: flagged",
+                     fontsize=9)
     fig.tight_layout()
     return fig
 

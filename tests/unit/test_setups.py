@@ -25,12 +25,12 @@ def test_each_adapter_tells_its_setup_on_the_shared_aspects():
     assert (vllm["server processes"].value, vllm["concurrent sequences"].value, vllm["weights"].value) == (
         "3", "2", "bfloat16")
     assert vllm["graphs / compilation"].value == "eager"
-    assert vllm["speculation"].value == "ngram, match length 2..4" and vllm["draft tokens per step"].value == "4"
+    assert vllm["speculation"].value == "ngram match length 2..4" and vllm["draft tokens per step"].value == "4"
     llama = get_engine("llamacpp").setup_facts(
         EngineConfig(engine="llamacpp", model="m", max_num_seqs=2, speculative_config=NGRAM),
         {"n_threads": 2, "n_slots": 2, "n_ctx_slot": 2048, "processes": 1})
     # llama-server looks up one n-gram size (the adapter maps prompt_lookup_max onto it)
-    assert llama["speculation"].value == "ngram, match length 4" and llama["compute threads"].value == "2"
+    assert llama["speculation"].value == "ngram match length 4" and llama["compute threads"].value == "2"
     assert set(vllm) <= set(SETUP_ASPECTS) and set(llama) <= set(SETUP_ASPECTS)
     # a CUDA vLLM log has no OpenMP binding: the aspect is not told, never guessed
     cuda = get_engine("vllm").setup_facts(EngineConfig(engine="vllm", model="m", enforce_eager=False), {})
@@ -57,6 +57,6 @@ def test_golden_cross_run_lists_its_asymmetries_beside_the_headline(tmp_path):
     assert list(dict.fromkeys(table["lane"])) == ["off", "ngram", "draft-int4"]
     # llama-server -t 2; vLLM-CPU binds its one worker to core 0 and keeps core 1 for its front end
     assert asymmetries(table) == ["compute threads: 2 vs 1", "graphs / compilation: llama.cpp's own vs eager",
-                                  "speculation (ngram): ngram, match length 4 vs ngram, match length 2..4"]
+                                  "speculation (ngram): ngram match length 4 vs ngram match length 2..4"]
     evidence = ce.analyze(data, params).answer(params).evidence
-    assert any(e.startswith("set-ups differ in: compute threads: 2 vs 1") for e in evidence), evidence
+    assert any(e.startswith("set-ups differ in 3 aspect(s): compute threads: 2 vs 1 · ") for e in evidence), evidence

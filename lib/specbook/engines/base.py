@@ -116,7 +116,7 @@ def speculation_facts(spec: Mapping[str, Any] | None, *, ngram_lookup: str, draf
     method = spec.get("method") or ("draft_model" if spec.get("model") else "?")
     k = str(spec.get("num_speculative_tokens", "?"))
     if method == "ngram":
-        what = SetupFact(f"ngram, match length {ngram_lookup}", "draft from the request's own tokens")
+        what = SetupFact(f"ngram match length {ngram_lookup}", "draft from the request's own tokens")
     elif method == "draft_model":
         what = SetupFact(f"draft model {Path(str(spec.get('model'))).name}", draft_detail)
     else:

@@ -1074,7 +1074,7 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
         evidence.append(share)
     if len(result.setup):
         differ = asymmetries(result.setup)
-        evidence.append("set-ups differ in: " + "; ".join(differ) if differ
+        evidence.append(f"set-ups differ in {len(differ)} aspect(s): " + " · ".join(differ) if differ
                         else "the two set-ups agree on every aspect compared")
     return report_view.Summary(
         question=f"How fast is {ours} against the pinned {oracle} oracle on the same weights, lanes and prompts, "
