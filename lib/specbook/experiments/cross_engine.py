@@ -379,7 +379,7 @@ class CrossData:
     trace_reference: pd.DataFrame = field(default_factory=pd.DataFrame)
     cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
     equal_work: pd.DataFrame = field(default_factory=pd.DataFrame)
-    # server name -> start-up facts (servers.jsonl, updated from its log: specbook.setups.startup_of)
+    # server name -> start-up facts (servers.jsonl, updated from its log: specbook.report_tables.server_startup)
     startup: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -648,7 +648,7 @@ def load(ctx: Any) -> CrossData:
     def timed(frame: pd.DataFrame) -> pd.DataFrame:  # runs saved before unit kinds: every row is timed
         return frame if "kind" in frame else frame.assign(kind="timed")
 
-    from specbook.setups import startup_of
+    from specbook.report_tables import server_startup
 
     cells = upgrade_position_columns(ctx.load_frame(CELLS_FRAME)).rename(columns=_OLD_CELL_COLUMNS)
     return CrossData(
@@ -665,7 +665,7 @@ def load(ctx: Any) -> CrossData:
         trace_reference=maybe_frame(cet.TRACE_REFERENCE),
         cost_split=maybe_frame(COST_SPLIT_FRAME),
         equal_work=maybe_frame(EQUAL_WORK_FRAME),
-        startup={r.name: startup_of(ctx.run_dir, r) for r in ctx.servers()},
+        startup={r.name: server_startup(r, ctx.run_dir) for r in ctx.servers()},
     )
 
 
