@@ -7,19 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specbook.engines.base import SETUP_ASPECTS, EngineConfig, SetupFact
+from specbook.engines.base import SETUP_ASPECTS, SetupFact
 
 if TYPE_CHECKING:
     import pandas as pd
 
 SETUP_COLUMNS = ["lane", "aspect", "ours", "oracle", "differs", "ours_detail", "oracle_detail"]
 UNKNOWN = "not told"
-
-
-def setup_facts(cfg: EngineConfig, startup: dict[str, Any]) -> dict[str, SetupFact]:
-    from specbook.engines import get_engine
-
-    return get_engine(cfg.engine).setup_facts(cfg, startup)
 
 
 def setup_rows(lane: str, ours: dict[str, SetupFact], oracle: dict[str, SetupFact]) -> list[dict[str, Any]]:

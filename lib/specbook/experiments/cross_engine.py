@@ -651,10 +651,13 @@ def load(ctx: Any) -> CrossData:
     from specbook.report_tables import server_startup
 
     cells = upgrade_position_columns(ctx.load_frame(CELLS_FRAME)).rename(columns=_OLD_CELL_COLUMNS)
+    servers = timed(ctx.load_frame(SERVERS_FRAME))
+    # only the timed servers' logs are read again (setup_table); trace and profiled passes' logs are large
+    timed_names = set(servers.loc[servers["kind"] == "timed", "server"]) if "server" in servers else set()
     return CrossData(
         requests=timed(ctx.load_frame(REQUESTS_FRAME)),
         cells=timed(cells),
-        servers=timed(ctx.load_frame(SERVERS_FRAME)),
+        servers=servers,
         pins=maybe_json(PINS_JSON, {}),
         cold=maybe_json(COLD_JSON, []),
         weights=maybe_json(WEIGHTS_JSON, {}),
@@ -665,7 +668,7 @@ def load(ctx: Any) -> CrossData:
         trace_reference=maybe_frame(cet.TRACE_REFERENCE),
         cost_split=maybe_frame(COST_SPLIT_FRAME),
         equal_work=maybe_frame(EQUAL_WORK_FRAME),
-        startup={r.name: server_startup(r, ctx.run_dir) for r in ctx.servers()},
+        startup={r.name: server_startup(r, ctx.run_dir) for r in ctx.servers() if r.name in timed_names},
     )
 
 
@@ -948,7 +951,8 @@ GUARD_COLUMNS = [
 def setup_table(data: CrossData, params: CrossEngineParams) -> pd.DataFrame:
     """Per lane, each set-up aspect of the two timed servers side by side (specbook.setups: the declared
     config and what each server's log said at start); `differs` marks an asymmetry of the comparison."""
-    from specbook.setups import SETUP_COLUMNS, setup_facts, setup_rows
+    from specbook.engines import get_engine
+    from specbook.setups import SETUP_COLUMNS, setup_rows
 
     rows: list[dict[str, Any]] = []
     timed = data.servers[data.servers["kind"] == "timed"] if "kind" in data.servers else data.servers
@@ -958,7 +962,8 @@ def setup_table(data: CrossData, params: CrossEngineParams) -> pd.DataFrame:
         for which in ("ours", "oracle"):
             found = timed.loc[(timed["side"] == which) & (timed["lane"] == lane.name), "server"] if named else []
             startup = data.startup.get(str(found.iloc[0]), {}) if len(found) else {}
-            facts[which] = setup_facts(lane_config(params.side(which), lane), startup)
+            cfg = lane_config(params.side(which), lane)
+            facts[which] = get_engine(cfg.engine).setup_facts(cfg, startup)
         rows += setup_rows(lane.name, facts["ours"], facts["oracle"])
     return pd.DataFrame(rows, columns=SETUP_COLUMNS)
 

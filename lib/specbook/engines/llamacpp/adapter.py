@@ -146,8 +146,13 @@ def _draft_model_args(spec: dict[str, Any], k: int) -> list[str]:
     return ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0"]
 
 
+def _ngram_size(spec: Mapping[str, Any]) -> int:
+    """The one n-gram size llama-server looks up (vLLM tries prompt_lookup_max down to prompt_lookup_min)."""
+    return spec.get("prompt_lookup_max", spec.get("prompt_lookup_min", 3))
+
+
 def _ngram_args(spec: dict[str, Any], k: int) -> list[str]:
-    n = spec.get("prompt_lookup_max", spec.get("prompt_lookup_min", 3))
+    n = _ngram_size(spec)
     return [
         "--spec-type", "ngram-simple",
         "--spec-ngram-simple-size-n", str(n),
@@ -251,10 +256,8 @@ class LlamaCppEngine:
             facts["context per sequence"] = SetupFact(str(ctx), "n_ctx_slot")
         facts["weights"] = SetupFact("bfloat16", "a GGUF of the same bf16 tensors (specbook.models.weights)")
         facts["graphs / compilation"] = SetupFact("llama.cpp's own", "ggml graphs, reused between steps; no switch")
-        spec = cfg.speculative_config or {}
-        n = spec.get("prompt_lookup_max", spec.get("prompt_lookup_min", 3))
         facts.update(speculation_facts(
-            cfg.speculative_config, ngram_lookup=str(n), draft_detail="draft-simple, p-min 0, greedy verification",
+            cfg.speculative_config, ngram_lookup=str(_ngram_size(cfg.speculative_config or {})), draft_detail="draft-simple, p-min 0, greedy verification",
             k_detail="--spec-draft-n-max / --spec-ngram-simple-size-m"))
         return facts
 
