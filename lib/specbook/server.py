@@ -296,6 +296,8 @@ class ManagedServer:
         """
         if self._proc is None:
             raise ServerStartError(f"server {self.name!r} was never started")
+        if self.ready_s is not None:  # seen ready before (a server started ahead): keep when that was
+            return self.ready_s
         timeout = self.spec.ready_timeout_s if timeout_s is None else timeout_s
         deadline = self._t0 + timeout
         paths = [p for p in (self.spec.health_path, self.spec.models_path) if p]
@@ -469,7 +471,8 @@ class ManagedServer:
 
     # -- context manager --------------------------------------------------------------------------
     def __enter__(self) -> ManagedServer:
-        self.start()
+        if self._proc is None:  # a server started ahead is entered where its unit uses it
+            self.start()
         self.wait_ready()
         return self
 

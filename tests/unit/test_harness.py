@@ -220,3 +220,38 @@ def test_window_duration_is_the_request_span_not_the_clients_setup():
             RequestRecord(prompt_id="b", started_at=100.5, wall_s=3.0)]
     assert request_span_s(recs, fallback=9.0) == 3.5  # 100.0 -> 103.5
     assert request_span_s([RequestRecord(prompt_id="c")], fallback=9.0) == 9.0  # no start time: the fallback
+
+
+def test_a_server_started_ahead_is_ready_before_the_other_units_window_and_serves_its_own_unit(tmp_path):
+    run = RunContext(tmp_path / "run")
+    harness.start_ahead(cfg(), run, "b-ahead")
+    ahead = harness._AHEAD["b-ahead"]
+    with harness.serve(cfg(), run, "a-first") as server:
+        # no window overlaps a start: the server started ahead is ready before the first unit's block runs
+        assert ahead.ready_s is not None and server.managed is not ahead
+    with harness.serve(cfg(), run, "b-ahead") as server:
+        assert server.managed is ahead and server.ready_s == ahead.ready_s  # its own launch's ready time, kept
+        assert len(server.measure([req("p0")]).ok_records()) == 1
+    assert [(r.name, r.status) for r in run.servers()] == [("a-first", "ok"), ("b-ahead", "ok")]
+    assert harness._AHEAD == {} and ahead.surviving_pids() == [] and gone(ahead.pid)
+
+
+def test_a_server_started_ahead_that_fails_is_dropped_and_its_unit_starts_one_again(tmp_path):
+    run = RunContext(tmp_path / "run")
+    harness.start_ahead(cfg("exit-at-once"), run, "b-ahead")
+    with harness.serve(cfg(), run, "a-first"):
+        assert harness._AHEAD == {}  # dropped: the failure belongs to its own unit, not to this one
+    with harness.serve(cfg(), run, "b-ahead") as server:
+        assert len(server.measure([req("p0")]).ok_records()) == 1
+    assert "FATAL could not allocate KV cache" in run.log_path("b-ahead").with_name("b-ahead.1.log").read_text()
+    assert [(r.name, r.status) for r in run.servers()] == [("a-first", "ok"), ("b-ahead", "ok")]
+
+
+def test_discarding_servers_started_ahead_stops_every_process_and_keeps_their_logs(tmp_path):
+    run = RunContext(tmp_path / "run")
+    harness.start_ahead(cfg(), run, "c-never-run")
+    ahead = harness._AHEAD["c-never-run"]
+    ahead.wait_ready()
+    assert harness.discard_ahead() == ["c-never-run"] and harness._AHEAD == {}
+    assert ahead.surviving_pids() == [] and gone(ahead.pid)
+    assert run.log_path("c-never-run").exists() and run.servers() == []

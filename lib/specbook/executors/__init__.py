@@ -57,6 +57,10 @@ class ExecutorParams(BaseModel):
         "{arm: [slots]} to pin each arm's sweeps to the slots listed, in turn")
     object_store_mb: int = Field(200, ge=80, description="Ray object store of a local instance (units return only "
                                  "their files)")
+    starts_together: int = Field(1, ge=1, le=2, description="local: 2 launches the next unit's server (same "
+                                 "sweep) beside the current one's, so two starts overlap; windows never overlap a "
+                                 "start (specbook.harness.start_ahead). For CPU hosts, where a start keeps one "
+                                 "core busy: two GPU servers started at once would each claim the GPU's memory")
 
     @field_validator("assignment")
     @classmethod
@@ -82,6 +86,8 @@ class Unit:
     arm: str
     sweep: int
     call: Callable[[RunContext], Any]
+    # launches (does not wait for) the server `call` will serve on (specbook.harness.start_ahead); None: cannot
+    start_ahead: Callable[[RunContext], Any] | None = None
     failed_row: dict[str, Any] = field(default_factory=dict)  # the done frame's row for a unit lost with its node
 
 
@@ -110,7 +116,8 @@ def run_units(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *,
     if params.kind == "local":
         from specbook.executors.local import run_local
 
-        return run_local(units, ctx, look_after=look_after, looks_from=looks_from, what=what)
+        return run_local(units, ctx, look_after=look_after, looks_from=looks_from, what=what,
+                         starts_together=params.starts_together)
     from specbook.executors.ray_cluster import run_on_ray
 
     return run_on_ray(units, ctx, params, done_frame=done_frame, look_after=look_after, looks_from=looks_from,

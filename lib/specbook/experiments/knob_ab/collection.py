@@ -117,6 +117,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
             key=run_id, label=f"{run_id} (sweep {sweep}, arm {arm.name})", arm=arm.name, sweep=sweep,
             call=partial(run_one, params=params, run_id=run_id, order=order, sweep=sweep, arm=arm,
                          workload=workloads[seed], flush_wait_s=flush),
+            start_ahead=partial(start_server_ahead, params=params, run_id=run_id, arm=arm),
             failed_row={"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": arm.name}))
     ran = executors.run_units(units, ctx, params.executor, done_frame=RUNS, what="knob A/B run",
                               look_after=(lambda _sweep: _rule_stops(params, ctx)) if params.adaptive else None,
@@ -125,6 +126,13 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
         progress.note(f"adaptive sweeps: the rule decided after {ran.stopped_after_sweep + 1} sweeps; the planned runs "
                       "after it are not needed")
     return load(ctx)
+
+
+def start_server_ahead(ctx, *, params: KnobABParams, run_id: str, arm: Arm) -> None:
+    """Launch run `run_id`'s server now; its run_one serves on it (the local executor's starts_together)."""
+    from specbook import harness
+
+    harness.start_ahead(_arm_config(arm, params), ctx, run_id)
 
 
 def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, arm: Arm, workload: Any,
