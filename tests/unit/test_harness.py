@@ -255,3 +255,21 @@ def test_discarding_servers_started_ahead_stops_every_process_and_keeps_their_lo
     assert harness.discard_ahead() == ["c-never-run"] and harness._AHEAD == {}
     assert ahead.surviving_pids() == [] and gone(ahead.pid)
     assert run.log_path("c-never-run").exists() and run.servers() == []
+
+
+def test_a_server_that_cannot_be_launched_ahead_is_left_to_its_unit(tmp_path, monkeypatch):
+    from specbook.server import ManagedServer
+
+    run = RunContext(tmp_path / "run")
+    real_start = ManagedServer.start
+
+    def refuse(self):
+        raise ServerStartError(f"server {self.name!r} could not be launched (injected)")
+
+    monkeypatch.setattr(ManagedServer, "start", refuse)
+    harness.start_ahead(cfg(), run, "b-ahead")  # no raise: the current unit is not the one that failed
+    assert harness._AHEAD == {}
+    monkeypatch.setattr(ManagedServer, "start", real_start)
+    with harness.serve(cfg(), run, "b-ahead") as server:
+        assert len(server.measure([req("p0")]).ok_records()) == 1
+    assert [(r.name, r.status) for r in run.servers()] == [("b-ahead", "ok")]
