@@ -286,6 +286,15 @@ def _execute(
 
 
 _EMPTY_SCRIPT = re.compile(r'<script[^>]*\ssrc=""[^>]*>\s*</script>\s*')
+# nbconvert's loader that imports mermaid.js from a CDN when a page holds a mermaid diagram: no report holds one,
+# and a report names no URL it could fetch
+_MERMAID_LOADER = re.compile(r'<script type="module">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*</script>\s*',
+                             re.DOTALL)
+
+
+def offline_html(body: str) -> str:
+    """A rendered report without nbconvert's script tags that load nothing and without its CDN mermaid loader."""
+    return _MERMAID_LOADER.sub("", _EMPTY_SCRIPT.sub("", body))
 
 
 def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) -> Path:
@@ -300,8 +309,7 @@ def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) 
     # from_filename would overwrite the title with the file name ("report")
     resources = {"metadata": {"name": title or src.stem, "path": str(src.parent)}}
     body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4), resources=resources)
-    body = _EMPTY_SCRIPT.sub("", body)
-    return write_text_atomic(src.with_suffix(".html"), body)
+    return write_text_atomic(src.with_suffix(".html"), offline_html(body))
 
 
 def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:

@@ -12,15 +12,18 @@ from specbook.runner import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL = re.compile(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"', re.IGNORECASE)
+# what a script fetches at run time (nbconvert's mermaid loader: `await import("https://cdnjs...")`)
+FETCHED_BY_SCRIPT = re.compile(r"(?:import|fetch)\(\s*[\"'`](?:https?:)?//")
 
 
 def test_render_html_writes_a_report_that_fetches_nothing(tmp_path):
     nb = tmp_path / "report.ipynb"
     shutil.copy(ROOT / "tests" / "fixtures" / "notebooks" / "good.ipynb", nb)
     html = render_html(nb, "offline").read_text()
-    assert "<body" in html and EXTERNAL.findall(html) == []
+    assert "<body" in html and EXTERNAL.findall(html) == [] and FETCHED_BY_SCRIPT.findall(html) == []
 
 
 @pytest.mark.parametrize("report", sorted((ROOT / "docs" / "reports").glob("*/report.html")), ids=lambda p: p.parent.name)
 def test_committed_reports_fetch_nothing(report):
-    assert EXTERNAL.findall(report.read_text()) == []
+    html = report.read_text()
+    assert EXTERNAL.findall(html) == [] and FETCHED_BY_SCRIPT.findall(html) == []
