@@ -77,6 +77,14 @@ def test_cross_engine_leads_with_each_lanes_ratio_and_the_cells_behind_it():
     assert summary.evidence[0] == "9 cells (3 lanes x prompts), 5 comparable, 4 flagged"
 
 
+def test_a_one_cell_lane_without_an_interval_says_why():
+    from specbook.experiments.cross_engine import one_cell_interval
+
+    assert one_cell_interval("", 1, 1) == "no interval: one cell, 1 warm repeat (a cell's CI needs 2 or more)"
+    assert one_cell_interval("95% CI [1.9, 2.1]", 1, 3) == "95% CI [1.9, 2.1] (one cell: that cell's own CI)"
+    assert one_cell_interval("95% CI [1.9, 2.1]", 2, 3) == "95% CI [1.9, 2.1]"
+
+
 @pytest.mark.parametrize("folder,experiment", [("knob_ab", "knob_ab"), ("config_flip", "config_flip"),
                                                ("cross_engine", "cross_engine")])
 def test_the_summary_block_renders_every_headline(folder, experiment):

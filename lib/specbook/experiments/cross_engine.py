@@ -1037,6 +1037,16 @@ class CrossResult:
         return cross_answer(self, params)
 
 
+def one_cell_interval(ci: str, cells: int, repeats: int) -> str:
+    """A lane headline's interval as the summary says it: one cell's own CI is named as such, and a missing
+    interval says why instead of leaving the column blank."""
+    if cells != 1:
+        return ci
+    if ci:
+        return f"{ci} (one cell: that cell's own CI)"
+    return f"no interval: one cell, {repeats} warm repeat{'s' if repeats != 1 else ''} (a cell's CI needs 2 or more)"
+
+
 def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.Summary:
     """Question, one headline per lane (geometric-mean tok/s ratio of comparable cells, its CI), evidence."""
     ours, oracle, fmt = params.ours.label, params.oracle.label, report_view.fmt
@@ -1050,8 +1060,8 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
         rests = f"rests on {n} of {total} cells" + (f"; left out: {h['left_out']}" if h["left_out"] else "")
         heads.append(report_view.Headline(
             f"lane {h['lane']}", f"{ours}/{oracle} tok/s {fmt(h['ratio'], 3)}x", None if n > 1 else False,
-            rests, report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3)
-            + (" (one cell: that cell's own CI)" if n == 1 else "")))
+            rests, one_cell_interval(report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3), n,
+                                     params.warm_repeats)))
     for _, h in result.equal_work_headline.iterrows():
         if not int(h["re_run"]):
             continue  # no cell re-run: the same figure as the strict headline
