@@ -119,7 +119,8 @@ def main() -> None:
         pip_env = {**env, "INSTALLER": "pip", "PIP_CACHE_DIR": str(work / "pip-cache-reference")}
         pip_s, _ = timed(["make", "install", "VENV=.venv-pip-reference"], clone, pip_env, work / "pip.log")
 
-    print(f"clone -> first report on {os.cpu_count()} cores, HEAD {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    print(f"clone -> first report on {os.cpu_count()} cores, HEAD {head.strip()}")
     print(f"{'phase':<44} {'this run':>9} {'reference':>10}")
     for name, s in times.items():
         ref = REFERENCE["demo run"] if name.startswith("demo") else None

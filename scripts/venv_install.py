@@ -2,12 +2,12 @@
 
 usage: python scripts/venv_install.py VENV_PYTHON install|uninstall ARGS...
 
-uv installs the project's pinned set (constraints/cpu.txt) in about 75 s, bytecode compiled as pip does, where pip
-takes about 2.5 min (2-core host, cold caches, measured 2026-12-01): most of a fresh clone's set-up. It is itself installed into
-the venv from the pin below. uv does not read pip's configuration, so the package sources pip is configured
-with (`pip config list`: files and PIP_* variables) are passed on, and several indexes are weighed as pip
-weighs them (best match). pip does the work where uv cannot (INSTALLER=pip, or uv fails: say, an index that
-only pip's own settings reach), and says so.
+uv installs the project's pinned set (constraints/cpu.txt), bytecode compiled as pip does, in 1 min 06 s where
+pip takes 3 min 45 s (2-core host, cold caches, both in one run of benchmarks/clone_to_report.py, 2026-12-01).
+It is itself installed into the venv from the pin below. uv does not read pip's configuration, so the package
+sources pip is configured with (`pip config list`: files and PIP_* variables) are passed on, and several indexes
+are weighed as pip weighs them (best match). pip does the work where uv cannot (INSTALLER=pip, or uv fails: say,
+an index that only pip's own settings reach), and says so.
 """
 
 from __future__ import annotations
