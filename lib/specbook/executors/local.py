@@ -21,18 +21,19 @@ def run_local(units: Sequence[Unit], ctx: RunContext, *, look_after: Callable[[i
     from specbook import harness
     from specbook.executors import Execution
 
-    done = Execution(cluster={"executor": "local", "starts_together": starts_together})
+    done = Execution(cluster={"executor": "local"})
     placement = detect("local")
     bar = progress.Units(what, len(units))
-    started_ahead: set[str] = set()
+    started_ahead = False  # this unit's server was launched beside the previous one's: it pairs with none
     try:
         for i, unit in enumerate(units):
             bar.start(unit.label)
             nxt = units[i + 1] if i + 1 < len(units) else None
-            if (starts_together > 1 and unit.key not in started_ahead and nxt is not None
-                    and nxt.sweep == unit.sweep and nxt.start_ahead is not None):
+            pairs = (starts_together > 1 and not started_ahead and nxt is not None and nxt.sweep == unit.sweep
+                     and nxt.start_ahead is not None)
+            if pairs:
                 nxt.start_ahead(ctx)
-                started_ahead.add(nxt.key)
+            started_ahead = pairs
             with placed(placement):
                 unit.call(ctx)
             bar.done()
