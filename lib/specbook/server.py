@@ -40,6 +40,23 @@ TERM_GRACE_S = 20.0
 KILL_GRACE_S = 10.0
 _POLL_S = 0.5
 PUMP_DRAIN_S = 5.0  # how long teardown waits for the last scrubbed log lines
+# Where set, every server start is appended here as one JSON line (benchmarks/test_tiers.py counts the starts
+# per engine and per test: the pytest node id comes from PYTEST_CURRENT_TEST, which subprocesses inherit).
+STARTS_LOG_ENV = "SPECBOOK_SERVER_STARTS_LOG"
+
+
+def _record_start(server: ManagedServer, event: str, **extra: object) -> None:
+    path = os.environ.get(STARTS_LOG_ENV)
+    if not path:
+        return
+    import json
+
+    line = json.dumps({"event": event, "name": server.name, "program": Path(server.argv[0]).name,
+                       "argv": server.argv[:4], "pid": server.pid, "test": os.environ.get("PYTEST_CURRENT_TEST"),
+                       "time": time.time(), **extra})
+    with contextlib.suppress(OSError):
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
 
 
 class ServerSpec(BaseModel):
@@ -287,6 +304,7 @@ class ManagedServer:
                                           name=f"log-{self.name}", daemon=True)
             self._pump.start()
         _LIVE_SERVERS.add(self)
+        _record_start(self, "start")
         return self
 
     def wait_ready(self, timeout_s: float | None = None) -> float:
@@ -312,6 +330,7 @@ class ManagedServer:
                 raise td from exc
             raise
         self.ready_s = time.monotonic() - self._t0
+        _record_start(self, "ready", ready_s=round(self.ready_s, 2))
         return self.ready_s
 
     def _poll_until_ok(self, http: httpx.Client, path: str, deadline: float, timeout: float) -> None:
