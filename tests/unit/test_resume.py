@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -341,14 +342,25 @@ def test_sigterm_waits_for_the_servers_and_the_cell_before_the_kernel_is_shut_do
 def test_wait_quiet_returns_once_a_busy_process_goes_idle_and_gives_up_at_its_bound():
     from specbook import runguard
 
+    # Busy for 1.5 s of CPU, then it says so and goes idle: wait_quiet must return after that moment, and before
+    # its own bound. Quiet means little CPU over a window, so a process starved by a loaded host looks quiet too:
+    # the window here (2 s, at most 0.01 s of CPU) is one no runnable process is starved into on a 2-core host
+    # even at the load of 30-48 seen here; the bound (60 s) leaves room for 1.5 s of CPU stretched by that load.
     busy_then_idle = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 1.5\n"
-                                       "while time.process_time() < end: pass\ntime.sleep(30)"])
+                                       "while time.process_time() < end: pass\nprint('idle', flush=True)\n"
+                                       "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle_at: list[float] = []
+    reader = threading.Thread(target=lambda: (busy_then_idle.stdout.readline(), idle_at.append(time.monotonic())),
+                              daemon=True)
+    reader.start()
     try:
-        time.sleep(0.3)  # both started
-        took = runguard.wait_quiet([psutil.Process(busy_then_idle.pid)], timeout_s=10)
-        assert took is not None and 1.0 <= took < 5, took
-        assert runguard.wait_quiet([psutil.Process(busy.pid)], timeout_s=1.5) is None
+        took = runguard.wait_quiet([psutil.Process(busy_then_idle.pid)], timeout_s=60, quiet_s=2.0, cpu_s=0.01)
+        returned_at = time.monotonic()
+        reader.join(5)
+        assert took is not None, "still busy after 60 s"
+        assert idle_at and returned_at >= idle_at[0], (took, idle_at)  # not before it went idle
+        assert runguard.wait_quiet([psutil.Process(busy.pid)], timeout_s=3, quiet_s=2.0, cpu_s=0.01) is None
         ending = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         watched = psutil.Process(ending.pid)
         ending.kill()

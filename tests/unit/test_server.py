@@ -45,7 +45,7 @@ def test_env_line_first_redacted_and_unset_applied(tmp_path, monkeypatch):
         unset_env=["STUB_VISIBLE"],
     )
     with ManagedServer(spec) as srv:
-        assert srv.ready_s is not None and 0 < srv.ready_s < 30
+        assert srv.ready_s is not None and srv.ready_s > 0
         assert srv.started_at is not None and srv.pid is not None
     lines = spec.log_path.read_text().splitlines()
     assert "hf_secret" not in spec.log_path.read_text()
@@ -68,15 +68,14 @@ def test_env_line_round_trips_even_when_the_server_dies(tmp_path):
 
 
 def test_early_death_carries_the_log_tail(tmp_path):
-    spec = stub_spec(tmp_path, "exit-at-once")
+    # a readiness timeout far beyond the test's own: the error can only come from seeing the process die
+    spec = stub_spec(tmp_path, "exit-at-once", ready_timeout_s=3600)
     srv = ManagedServer(spec)
-    t0 = time.monotonic()
     with pytest.raises(ServerStartError) as info:
         with srv:
             pytest.fail("must not become ready")
-    assert time.monotonic() - t0 < 20  # noticed the death, did not wait for the timeout
     err = info.value
-    assert "exited with code 3" in str(err)
+    assert "exited with code 3" in str(err) and "not ready" not in str(err)  # the death, not the timeout
     assert "FATAL could not allocate KV cache" in err.log_tail
     assert err.log_path == str(spec.log_path) and str(spec.log_path) in str(err)
     assert srv.returncode == 3 and not srv.alive()

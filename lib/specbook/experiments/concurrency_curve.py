@@ -179,10 +179,18 @@ def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
         units.append(executors.Unit(
             key=run_id, label=f"{run_id} (sweep {sweep}, arm {arm.name})", arm=arm.name, sweep=sweep,
             call=partial(run_one, params=params, run_id=run_id, order=order, sweep=sweep, arm=arm,
-                         draw=draws[sweep], flush_wait_s=flush)))
+                         draw=draws[sweep], flush_wait_s=flush),
+            start_ahead=partial(start_server_ahead, params=params, run_id=run_id, arm=arm)))
     executors.run_units(units, ctx, params.executor, done_frame=LEVELS, what="curve run",
                         gpus_hint=executors.tensor_parallel_size(params.engine.extra_args))
     return load(ctx)
+
+
+def start_server_ahead(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, arm: Arm) -> None:
+    """Launch run `run_id`'s server now; its run_one serves on it (the local executor's starts_together)."""
+    from specbook import harness
+
+    harness.start_ahead(arm_config(arm, params), ctx, run_id)
 
 
 def run_one(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, order: int, sweep: int, arm: Arm, draw: Any,

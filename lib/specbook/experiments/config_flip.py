@@ -128,6 +128,10 @@ class ConfigFlipParams(ExperimentParams):
                                                 "ms per decode step split into parts")
     cost_split_num_prompts: int = Field(2, ge=1, description="profiled pass: the first N prompts, sent three "
                                                              "times (warm-up, unprofiled, profiled)")
+    starts_together: int = Field(1, ge=1, le=2, description="2: the arms' servers start in pairs (the next arm's "
+                                 "launched beside this one's; each window starts once both are ready, so no window "
+                                 "overlaps a start), the trace passes' likewise. For CPU hosts, where a start keeps "
+                                 "one core busy; on a GPU two starts at once would each claim its memory")
 
     @model_validator(mode="after")
     def _one_placeholder(self) -> ConfigFlipParams:
@@ -303,6 +307,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
 
     from specbook import harness, progress
     from specbook.engines import get_engine
+    from specbook.traces import traced_config
 
     done = resume.done_units(ctx, UNITS)
     arms_root = Path(ctx.run_dir) / FLIP_DIRNAME
@@ -324,39 +329,79 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
     requests = _chat_requests(params)
     warmup = _chat_requests(params.model_copy(update={"num_prompts": 1, "max_tokens": 8}), prefix="warmup")
     units = progress.Units("config-flip server", _planned_units(params))  # console only (specbook.progress)
-    for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
-        if (label, "measured") in done:
-            units.skip(label)
-            continue
-        units.start(f"{label} ({params.flip.field} = {json.dumps(folder.value)})")
-        extra = {"experiment": "config_flip", "field": params.flip.field, "value": json.dumps(folder.value),
-                 "folder": str(folder.path)}
-        with harness.serve(cfg, ctx, label, extra=extra) as server:
-            for _ in range(params.warmup_requests):
-                server.send(warmup)
-            window = server.measure(requests, concurrency=params.concurrency)
-        row = {
-            "arm": label, "kind": "measured", "server": label, "index": index, "value": json.dumps(folder.value),
-            "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
-            "folder": str(folder.path), "requests": len(window.records), "elapsed_s": window.wall_s,
-            "ready_s": server.ready_s, **window.acceptance.counts(),
-        }
-        frame = window.requests_frame()
-        frame.insert(0, "arm", label)
-        frame.insert(1, "value", json.dumps(folder.value))
-        frame["kind"] = "measured"
-        # Saved after every arm: a later arm's failure keeps what the earlier ones measured. The arms row
-        # goes last: it marks the arm done for a resume.
-        ctx.append_frame(REQUESTS_FRAME, frame)
-        intervals = window.log_intervals()
-        if len(intervals):
-            intervals.insert(0, "arm", label)
-            intervals["kind"] = "measured"
-            ctx.append_frame(INTERVALS_FRAME, intervals)
-        ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
-    for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
-        _extra_passes(params, ctx, index, label, json.dumps(folder.value), cfg, done, units)
+    to_measure = [i for i, label in enumerate(labels) if (label, "measured") not in done]
+    ahead = _pairs_ahead(params, [(labels[i], configs[i]) for i in to_measure])
+    try:
+        for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
+            if (label, "measured") in done:
+                units.skip(label)
+                continue
+            _measure_arm(params, ctx, index, label, folder, cfg, requests, warmup, units, ahead)
+        traced = []
+        for label, cfg in zip(labels, configs, strict=True):
+            if params.traces and (label, "trace") not in done:
+                folder = Path(ctx.run_dir) / "traces" / f"{label}-trace"
+                resume.set_aside_folder(folder)  # a resumed run: the cut attempt's records are never read as these
+                traced.append((folder.name, traced_config(cfg, folder)))
+        ahead = _pairs_ahead(params, traced)
+        # every arm's trace pass, then every arm's profiled pass: a trace server started ahead never sits beside
+        # a profiled one
+        for kind in ("trace", "profile"):
+            for index, (label, folder, cfg) in enumerate(zip(labels, folders, configs, strict=True)):
+                _extra_pass(kind, params, ctx, index, label, json.dumps(folder.value), cfg, done, units, ahead)
+    finally:
+        harness.discard_ahead()  # a failed arm or Ctrl-C: the next one's server is not needed
     return load(ctx)
+
+
+def _pairs_ahead(params: ConfigFlipParams, servers: list[tuple[str, EngineConfig]]) -> dict[str, tuple[str, EngineConfig]]:
+    """With starts_together 2: for the first server of each pair, the (name, config) to launch beside it."""
+    if params.starts_together < 2:
+        return {}
+    return {servers[i][0]: servers[i + 1] for i in range(0, len(servers) - 1, 2)}
+
+
+def _start_partner(ctx: Any, name: str, ahead: dict[str, tuple[str, EngineConfig]]) -> None:
+    from specbook import harness
+
+    if name in ahead:
+        partner, cfg = ahead[name]
+        harness.start_ahead(cfg, ctx, partner)
+
+
+def _measure_arm(params: ConfigFlipParams, ctx: Any, index: int, label: str, folder: Any, cfg: EngineConfig,
+                 requests: list[Any], warmup: list[Any], units: Any, ahead: dict[str, tuple[str, EngineConfig]]) -> None:
+    """One measured arm on its own server (its pair's partner launched beside it): warm-up, the window, then
+    its frames; the arms row last (it marks the arm done for a resume)."""
+    from specbook import harness
+
+    units.start(f"{label} ({params.flip.field} = {json.dumps(folder.value)})")
+    extra = {"experiment": "config_flip", "field": params.flip.field, "value": json.dumps(folder.value),
+             "folder": str(folder.path)}
+    _start_partner(ctx, label, ahead)
+    with harness.serve(cfg, ctx, label, extra=extra) as server:
+        for _ in range(params.warmup_requests):
+            server.send(warmup)
+        window = server.measure(requests, concurrency=params.concurrency)
+    row = {
+        "arm": label, "kind": "measured", "server": label, "index": index, "value": json.dumps(folder.value),
+        "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
+        "folder": str(folder.path), "requests": len(window.records), "elapsed_s": window.wall_s,
+        "ready_s": server.ready_s, **window.acceptance.counts(),
+    }
+    frame = window.requests_frame()
+    frame.insert(0, "arm", label)
+    frame.insert(1, "value", json.dumps(folder.value))
+    frame["kind"] = "measured"
+    # Saved after every arm: a later arm's failure keeps what the earlier ones measured. The arms row
+    # goes last: it marks the arm done for a resume.
+    ctx.append_frame(REQUESTS_FRAME, frame)
+    intervals = window.log_intervals()
+    if len(intervals):
+        intervals.insert(0, "arm", label)
+        intervals["kind"] = "measured"
+        ctx.append_frame(INTERVALS_FRAME, intervals)
+    ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
 
 
 def _planned_units(params: ConfigFlipParams) -> int:
@@ -370,10 +415,10 @@ def _keyed(frame: pd.DataFrame, arm: str, kind: str) -> pd.DataFrame:
     return out
 
 
-def _extra_passes(params: ConfigFlipParams, ctx: Any, index: int, label: str, value: str, cfg: EngineConfig,
-                  done: set, units: Any) -> None:
-    """The arm's untimed trace pass and its profiled pass, each its own server and unit, after every measured arm
-    (tracing and profiling slow a server down: never in the timed one)."""
+def _extra_pass(kind: str, params: ConfigFlipParams, ctx: Any, index: int, label: str, value: str,
+                cfg: EngineConfig, done: set, units: Any, ahead: dict[str, tuple[str, EngineConfig]]) -> None:
+    """The arm's untimed trace pass or its profiled pass (`kind`), each its own server and unit, after every
+    measured arm (tracing and profiling slow a server down: never in the timed one)."""
     from specbook import costsplit, harness
     from specbook.traces import trace_pass, traced_config
 
@@ -382,16 +427,16 @@ def _extra_passes(params: ConfigFlipParams, ctx: Any, index: int, label: str, va
                               "ready_s": ready_s}])
 
     requests = _chat_requests(params)
-    if params.traces:
+    if kind == "trace" and params.traces:
         name = f"{label}-trace"
         if (label, "trace") in done:
             units.skip(name)
         else:
             traced = requests[: params.trace_num_prompts]
             units.start(f"{name} (untimed trace pass, first {len(traced)} prompt(s))")
-            folder = Path(ctx.run_dir) / "traces" / name
-            resume.set_aside_folder(folder)  # a resumed run: the cut attempt's records are never read as these
+            folder = Path(ctx.run_dir) / "traces" / name  # set aside in collect, before any trace server starts
             extra = {"experiment": "config_flip", "field": params.flip.field, "value": value, "pass": "trace"}
+            _start_partner(ctx, name, ahead)
             with harness.serve(traced_config(cfg, folder), ctx, name, extra=extra) as server:
                 ts = trace_pass(server, traced, folder)
             frames = trace_tables.trace_set_frames(ts)
@@ -402,7 +447,7 @@ def _extra_passes(params: ConfigFlipParams, ctx: Any, index: int, label: str, va
             for frame_name, frame in frames.items():
                 ctx.append_frame(frame_name, _keyed(frame, label, "trace"))
             ctx.append_frame(ARMS_FRAME, done_row("trace", name, server.ready_s))
-    if params.cost_split:
+    if kind == "profile" and params.cost_split:
         name = f"{label}-prof"
         if (label, "profile") in done:
             units.skip(name)
