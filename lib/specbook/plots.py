@@ -92,9 +92,11 @@ def arm_distribution(run_al: pd.DataFrame, value_col: str, arm_summary: pd.DataF
     ax.bar(range(len(order)), [means.get(a, np.nan) for a in order], color=[colors[a] for a in order], alpha=0.25,
            width=0.5, label="arm mean")
     for i, (sweep, part) in enumerate(run_al.groupby("sweep" if "sweep" in run_al else lambda _: 0)):
+        marker = SWEEP_MARKERS[i % len(SWEEP_MARKERS)]
         ax.scatter([x[a] for a in part["arm"]], part[value_col], s=40, zorder=3, c=[colors[a] for a in part["arm"]],
-                   marker=SWEEP_MARKERS[i % len(SWEEP_MARKERS)], edgecolors="black", linewidths=0.4,
-                   label=f"sweep {sweep}")
+                   marker=marker, edgecolors="black", linewidths=0.4)
+        # the legend tells the sweeps by marker only: its handle carries no arm's colour
+        ax.scatter([], [], s=40, marker=marker, c="white", edgecolors="black", linewidths=0.6, label=f"sweep {sweep}")
     ax.set_xticks(range(len(order)), order)
     lo = float(run_al[value_col].min())
     ax.set_ylim(max(0.0, lo - 0.25 * (float(run_al[value_col].max()) - lo + 0.1)), None)

@@ -70,11 +70,14 @@ def test_every_knob_ab_figure_draws_an_arm_in_its_palette_colour(golden_result):
     assert bars == {a: want[a] for a in r.accuracy["arm"]}
     plt.close(fig)
     fig = plots.arm_distribution(r.decision.run_al, r.decision.value_col, r.decision.arm_summary, palette=palette)
-    points = [c for c in fig.axes[0].collections]
-    # each sweep's points: one per arm, coloured by arm in the plot's arm order
+    points = [c for c in fig.axes[0].collections if len(c.get_offsets())]
+    # each sweep's points: one per arm, coloured by arm; the legend's sweep markers carry no arm's colour
     order = list(dict.fromkeys(r.decision.run_al.sort_values("order")["arm"]))
+    assert len(points) == r.decision.run_al["sweep"].nunique()
     for coll in points:
-        assert {to_hex(c) for c in coll.get_facecolors()} <= set(want.values())
+        assert {to_hex(c) for c in coll.get_facecolors()} == set(want.values())
+    handles = fig.axes[0].get_legend().legend_handles
+    assert {to_hex(h.get_facecolor()[0]) for h in handles if hasattr(h, "get_offsets")} == {"#ffffff"}
     assert [to_hex(p.get_facecolor()) for p in fig.axes[0].patches[: len(order)]] == [want[a] for a in order]
     plt.close(fig)
     fig = plots.al_over_time(r.steady.intervals, r.steady.result.kept, palette=palette)

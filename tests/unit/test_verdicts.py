@@ -213,3 +213,35 @@ def test_no_projection_without_noise_and_none_where_a_route_cannot_decide():
     assert zero.to_difference is None and zero.to_equivalence is not None
     lab = v.label(-10.0, -60.0, 40.0, 1.0, se=20.0, n=2)
     assert "never fit inside \u00b11%" in lab.why() and "rough" in lab.why()
+
+
+# --------------------------------------------------------------------------------------------------
+# every committed report and every golden folder's analysis
+
+
+def test_no_committed_report_or_golden_analysis_has_a_label_that_contradicts_its_interval(tmp_path):
+    import json
+    import shutil
+
+    import specbook.experiments  # noqa: F401  (experiments register at import)
+    from specbook.experiments.registry import get_experiment
+    from specbook.params import load_params
+    from specbook.paths import project_root
+    from specbook.runstore import RunContext
+
+    root = project_root()
+    found = v.check_report_folders(root / "docs" / "reports")
+    assert {"knob_ab-h200-attention-backend-both", "knob_ab-h200-cuda-graphs", "concurrency_curve-h200",
+            "config_flip-h200"} <= set(found), sorted(found)
+    problems = v.all_problems(found)
+    golden = sorted(p.parent for p in (root / "tests" / "golden").glob("*/expected_figures.json"))
+    assert len(golden) >= 4
+    for src in golden:
+        folder = tmp_path / src.name
+        shutil.copytree(src, folder)
+        spec = get_experiment(json.loads((folder / "manifest.json").read_text())["experiment"])
+        params = load_params(spec.params_model, folder / "params.yaml")
+        summary = spec.analyze(spec.load(RunContext.from_run_dir(folder)), params).answer(params)
+        assert summary.headlines, src.name
+        problems += [f"tests/golden/{src.name}: {p}" for p in v.check_summary(summary)]
+    assert problems == []
