@@ -342,10 +342,11 @@ def verdict_html(verdict: Any) -> str:
     lab = getattr(verdict, "label", None)
     head = f"{verdict.arm} vs {verdict.baseline}: {lab.verdict() if lab is not None else verdict.conclusion.upper()}"
     out = f"{_STYLE}<p><b>{_e(head)}</b>" + (f" ({_e(lab.interval_text())}). {_e(lab.why())}" if lab else "") + "</p>"
+    from specbook.decision import RULE_NAMES
+
     meets = getattr(verdict, "meets_rule", None)
     rule = "the stated rule" if meets is None else (
-        f"meets the stated rule ({'equivalent' if verdict.kind == 'equivalence' else 'different'}): "
-        f"{'yes' if meets else 'no'}")
+        f"meets the stated rule ({RULE_NAMES.get(verdict.kind, verdict.kind)}): {'yes' if meets else 'no'}")
     return out + criteria_html(rule, [(c.name, c.passed, body(c) + ("" if c.required else " (reported, not required)"))
                                       for c in verdict.criteria])
 

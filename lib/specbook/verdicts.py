@@ -137,7 +137,7 @@ class Label:
     def interval_text(self, method: str = "") -> str:
         """'95% CI [-2.38%, -0.43%] vs margin +/-1%; paired t over 3 sweeps (df 2)' (what the checker reads)."""
         if self.no_interval:
-            return f"no interval: {self.no_interval}"
+            return f"no interval: {self.no_interval.removeprefix('no interval: ')}"
         bounds = (f"{self.level:.0%} CI [{self.num(self.low)}, {self.num(self.high)}] vs margin "
                   f"{self.margin_text}")
         return f"{bounds}; {method}" if method else bounds
@@ -147,7 +147,7 @@ class Label:
         ci = f"the {self.level:.0%} interval"
         m = self.margin_text
         if self.no_interval:
-            return f"No interval ({self.no_interval}), so nothing is shown either way."
+            return f"No interval ({self.no_interval.removeprefix('no interval: ')}), so nothing is shown either way."
         if self.word == SHOWN_EQUIVALENT:
             return f"The whole of {ci} lies inside {m}."
         if self.word == SMALL_CHANGE:

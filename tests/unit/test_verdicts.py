@@ -245,3 +245,16 @@ def test_no_committed_report_or_golden_analysis_has_a_label_that_contradicts_its
         assert summary.headlines, src.name
         problems += [f"tests/golden/{src.name}: {p}" for p in v.check_summary(summary)]
     assert problems == []
+
+
+def test_a_comparison_with_one_sweep_has_no_interval_and_says_so_once():
+    import pandas as pd
+
+    from specbook.decision import DecisionRule, compare_and_decide
+
+    df = pd.DataFrame({"arm": ["baseline", "baseline", "v"], "al": [2.0, 2.01, 1.9]})
+    _, (verdict,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
+    lab = verdict.label
+    assert lab.word == v.UNDECIDED and lab.verdict() == "UNDECIDED (no interval)"
+    assert lab.interval_text() == "no interval: an arm has 1 sweep, so its run-to-run sd is unknown"
+    assert v.check_headline({"verdict": lab.verdict(), "interval": lab.interval_text()}) == []
