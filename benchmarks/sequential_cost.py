@@ -10,12 +10,14 @@ error rates at one third of the fixed protocol's cost or less.
   sequential protocol runs one eval per arm per sweep and looks after each sweep from --sweeps-min to
   --sweeps-max (2..10: at most a third of the fixed runs; 2..20 and 2..30 beside it).
 - Both are judged by the same tests (specbook.sequential.judge: TOST for equivalence within +/- the
-  rule's margin, % of the baseline mean, and the difference test with |delta| > margin), the fixed
+  rule's margin, % of the baseline mean, each one-sided test at alpha / 2, and the difference test; labelled
+  in the book's vocabulary: shown equivalent, small real change inside the margin, shown different), the fixed
   protocol at one look, the sequential with the rule's alpha spending; each by two analyses: `paired`
   (t on the per-sweep differences, df sweeps - 1: what the knob A/B uses, every arm of a sweep serving
   the same question draw) and `welch` (Welch t on run means, its fallback for unbalanced sweeps).
 - Scenarios: null knob (baseline vs baseline), knob at the margin (baseline vs baseline shifted by
-  +margin: P(equivalent) is the equivalence test's type I error) and the positive control (baseline vs
+  +margin: P(inside) = P(equivalent) + P(small change) is the equivalence test's type I error) and the
+  positive control (baseline vs
   int4draft).
 - Noise: each replication draws per-run ALs as the arm's recorded mean plus a residual resampled from
   the arm's recorded runs, smoothed (a smoothed bootstrap: the resampled residual plus normal jitter of
@@ -214,7 +216,8 @@ def compare(rec: Recorded, args, rng: np.random.Generator) -> list[dict]:
                     designs.append((f"sequential {args.sweeps_min}..{hi} sweeps", analysis, seq, oc_runs(seq)))
             for proto, analysis, oc, runs_per_arm in designs:
                 out.append({"noise": model, "scenario": scen, "protocol": proto, "analysis": analysis,
-                            "P(equivalent)": oc.p_equivalent, "P(different)": oc.p_different,
+                            "P(equivalent)": oc.p_equivalent, "P(small change)": oc.p_small_change,
+                            "P(different)": oc.p_different,
                             "P(undecided)": oc.p_undecided, "E[sweeps]": oc.expected_sweeps,
                             "sweeps p10/p50/p90": "/".join(f"{q:g}" for q in oc.sweeps_quantiles),
                             "E[runs per arm]": runs_per_arm,

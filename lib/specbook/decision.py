@@ -1,7 +1,10 @@
-"""Decision rules fixed in params BEFORE the run, and the verdicts they give on measured deltas.
+"""Decision rules fixed in params BEFORE the run, judged on measured deltas, beside the book's label.
 
-A verdict lists every criterion with PASS / FAIL / n/a and the numbers beside it, so a reader can
-check it by eye and see which rule it was judged by.
+Each comparison gets two things: its label in the book's vocabulary (specbook.verdicts: the delta's interval
+against the rule's margin; `conclusion`), and the outcome of the rule stated in the params (`meets_rule`, the
+seed's point rule: |delta| within 1% and within one baseline sd over >= 2 sweeps, TOST; or, for a positive
+control, an interval excluding 0 with |delta| beyond the margin). The rule's outcome is reported as its own
+named line, never as the verdict. Every criterion lists PASS / FAIL / n/a with the numbers beside it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from specbook import verdicts as vocabulary
 from specbook.errors import ExperimentError
 from specbook.stats import PAIRED_METHOD, WELCH_METHOD, ArmSummary, delta_vs_baseline, summarize
 
@@ -68,36 +72,83 @@ class Criterion:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Equivalence verdict of one variant arm against the baseline."""
+    """One variant arm against the baseline, judged by the stated equivalence rule, with its label."""
 
     arm: str
     baseline: str
     criteria: list[Criterion]
-    equivalent: bool
+    equivalent: bool  # the stated rule's outcome (meets_rule), not the label
     deterministic: bool
     text: str
     kind: str = field(default="equivalence")
+    label: vocabulary.Label | None = None
+
+    @property
+    def meets_rule(self) -> bool:
+        return self.equivalent
 
     @property
     def conclusion(self) -> str:
+        """The label's word (specbook.verdicts); without a label, the rule's outcome as the book said it before."""
+        if self.label is not None:
+            return self.label.word
         return "equivalent" if self.equivalent else "not shown equivalent"
 
 
 @dataclass(frozen=True)
 class DifferenceVerdict:
-    """Positive-control verdict: did the variant move the value by more than the margin?"""
+    """Positive control: one variant against the baseline, judged by the stated difference rule, with its label."""
 
     arm: str
     baseline: str
     criteria: list[Criterion]
-    different: bool
+    different: bool  # the stated rule's outcome (meets_rule), not the label
     deterministic: bool
     text: str
     kind: str = field(default="difference")
+    label: vocabulary.Label | None = None
+
+    @property
+    def meets_rule(self) -> bool:
+        return self.different
 
     @property
     def conclusion(self) -> str:
+        """The label's word (specbook.verdicts); without a label, the rule's outcome as the book said it before."""
+        if self.label is not None:
+            return self.label.word
         return "different" if self.different else "not shown different"
+
+
+RULE_NAMES = {"equivalence": "equivalent", "difference": "different"}
+
+
+def comparison_label(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) -> vocabulary.Label:
+    """The label of one comparison row (stats.delta_vs_baseline): its interval in % of the baseline mean against
+    the rule's margin, +/-tost_margin_pct %; where undecided, the sweeps its observed noise would need
+    (sequential.project_sweeps; a paired comparison also for the sequential design, sweeps_min max(2,
+    rule.min_sweeps) and the rule's spending)."""
+    margin = rule.tost_margin_pct
+    est, lo, hi = (float(_get(row, k)) for k in ("delta_pct", "ci_low_pct", "ci_high_pct"))
+    level = float(_get(row, "ci"))
+    if math.isnan(lo) or math.isnan(hi):
+        return vocabulary.label(est, lo, hi, margin, level=level, no_interval=str(_get(row, "ci_method")))
+    lo, hi = min(lo, hi), max(lo, hi)  # a negative baseline mean would flip the bounds in %
+    base = abs(float(_get(row, "baseline_mean")))
+    se_pct = 100.0 * float(_get(row, "delta_se")) / base if base else math.nan
+    n = int(min(int(_get(row, "n_baseline")), int(_get(row, "n_variant"))))
+    if bool(row.get("paired", False)):
+        return vocabulary.label(est, lo, hi, margin, level=level, se=se_pct, n=n,
+                                design=(max(2, rule.min_sweeps), rule.spending))
+    df_now = float(_get(row, "ci_df"))
+    return vocabulary.label(est, lo, hi, margin, level=level, se=se_pct, n=n,
+                            df_at=lambda ns: df_now * (ns - 1) / max(n - 1, 1),
+                            df_words="the Welch df scaled with the sweeps")
+
+
+def _head(arm: str, baseline: str, kind: str, passed: bool, lab: vocabulary.Label) -> str:
+    return (f"{arm} vs {baseline}: {lab.verdict()} ({lab.interval_text()})\n"
+            f"  {vocabulary.rule_text(passed)} (the rule for '{RULE_NAMES[kind]}')")
 
 
 def _get(row: Mapping[str, Any] | pd.Series, key: str) -> Any:
@@ -236,9 +287,10 @@ def evaluate(
         crit.append(deterministic_margin_criterion(rule, delta_pct))
 
     equivalent = all(c.passed for c in crit if c.required and c.passed is not None)
-    head = f"{arm} vs {base_name}: {'EQUIVALENT' if equivalent else 'NOT SHOWN EQUIVALENT'}"
+    lab = comparison_label(rule, comparison_row)
+    head = _head(arm, base_name, "equivalence", equivalent, lab)
     if deterministic:
-        head += " (deterministic runs: judged by the margin alone)"
+        head += " (deterministic runs: the rule is judged by the margin alone)"
     text = head + "\n" + "\n".join("  " + c.text for c in crit) + "\n  rule: " + rule.describe()
     return Verdict(
         arm=arm,
@@ -247,6 +299,7 @@ def evaluate(
         equivalent=equivalent,
         deterministic=deterministic,
         text=text,
+        label=lab,
     )
 
 
@@ -299,9 +352,8 @@ def evaluate_difference(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) 
     )
     different = all(c.passed for c in crit)
     deterministic = bool(_get(row, "deterministic"))
-    text = f"{arm} vs {base_name}: {'DIFFERENT' if different else 'NOT SHOWN DIFFERENT'}\n" + "\n".join(
-        "  " + c.text for c in crit
-    )
+    lab = comparison_label(rule, row)
+    text = _head(arm, base_name, "difference", different, lab) + "\n" + "\n".join("  " + c.text for c in crit)
     return DifferenceVerdict(
         arm=arm,
         baseline=base_name,
@@ -309,6 +361,7 @@ def evaluate_difference(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) 
         different=different,
         deterministic=deterministic,
         text=text,
+        label=lab,
     )
 
 
@@ -361,7 +414,8 @@ def compare_and_decide(
 
 
 def verdict_table(verdicts: Iterable[Verdict | DifferenceVerdict]) -> pd.DataFrame:
-    """One row per (arm, criterion): PASS / FAIL / n/a with value and threshold, and the arm's conclusion."""
+    """One row per (arm, criterion) of the stated rule: PASS / FAIL / n/a with value and threshold, whether the
+    arm meets the rule, and its label (conclusion)."""
     rows = []
     for v in verdicts:
         for c in v.criteria:
@@ -371,6 +425,7 @@ def verdict_table(verdicts: Iterable[Verdict | DifferenceVerdict]) -> pd.DataFra
                     "baseline": v.baseline,
                     "kind": v.kind,
                     "conclusion": v.conclusion,
+                    "meets_rule": v.meets_rule,
                     "deterministic": v.deterministic,
                     "criterion": c.name,
                     "result": c.status,
@@ -387,6 +442,7 @@ def verdict_table(verdicts: Iterable[Verdict | DifferenceVerdict]) -> pd.DataFra
             "baseline",
             "kind",
             "conclusion",
+            "meets_rule",
             "deterministic",
             "criterion",
             "result",

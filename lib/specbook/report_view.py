@@ -28,22 +28,42 @@ PASS_MARK, FAIL_MARK, NA_MARK = "\u2714", "\u2718", "\u2013"  # check, cross, en
 
 @dataclass(frozen=True)
 class Headline:
-    """One comparison's answer: its verdict, the number behind it and that number's interval."""
+    """One comparison's answer: its verdict, the number behind it and that number's interval.
+
+    A verdict drawn from an interval is a label of specbook.verdicts (the interval field states the margin it
+    was read against); `expected` and `rule` are separate lines beside it: whether the label is what the params
+    expected before the run (the green/red colour goes there, never on the label) and the stated rule's
+    outcome. `why`: one plain sentence of why, from the data.
+    """
 
     comparison: str  # "fp32 vs baseline"
-    verdict: str  # "NOT SHOWN EQUIVALENT"
+    verdict: str  # "SHOWN DIFFERENT: -1.40%"
     good: bool | None  # True: the answer the params expected / a clean result; False: not; None: neutral
     figure: str  # "AL 1.513 vs 1.509 (+0.26%)"
-    interval: str = ""  # "95% CI of delta [-0.011, +0.019]"
+    interval: str = ""  # "95% CI [-2.38%, -0.43%] vs margin ±1%; paired t over 3 sweeps (df 2)"
+    expected: str = ""  # "expected equivalent: no" (coloured by `good`; the verdict then stays uncoloured)
+    rule: str = ""  # "meets the stated rule: yes"
+    why: str = ""  # "The 95% interval excludes 0: the change is at least -0.43%, ..."
 
 
 @dataclass(frozen=True)
 class Summary:
-    """The block a report opens with."""
+    """The block a report opens with; `short`: the answer in one short clause (what `specbook index` lists)."""
 
     question: str
     headlines: list[Headline]
     evidence: list[str] = field(default_factory=list)  # "3 sweeps per arm", "12 of 12 runs usable", ...
+    short: str = ""  # "triton_attn vs baseline: UNDECIDED (-0.33%)"
+
+
+def short_clause(headlines: list[Headline] | list[Mapping[str, Any]]) -> str:
+    """The answer in one short clause (what `specbook index` lists): the first headline's comparison and verdict,
+    and how many more headlines the report has. Headlines as objects or as summary.json's dicts."""
+    if not headlines:
+        return ""
+    first, rest = headlines[0], len(headlines) - 1
+    get = first.get if isinstance(first, Mapping) else (lambda k: getattr(first, k, ""))
+    return f"{get('comparison')}: {get('verdict')}" + (f" (+{rest} more)" if rest else "")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -140,6 +160,8 @@ _STYLE = (
     ".sb-table th{background:#f0f0f0}.sb-table td.sb-text,.sb-table th.sb-text{text-align:left}"
     ".sb-good{color:#146c2e;font-weight:bold}.sb-bad{color:#a4161a;font-weight:bold}.sb-neutral{font-weight:bold}"
     ".sb-evidence{color:#444;margin:8px 0 2px}ul.sb-criteria{margin:2px 0 8px;padding-left:20px}"
+    ".sb-table td.sb-why{color:#555;font-size:0.92em;border-bottom:1px solid #ddd;padding-top:0}"
+    ".sb-table tr.sb-head td{border-bottom:none}"
     "details.sb-raw{margin:6px 0}details.sb-raw summary{cursor:pointer;color:#1a5fb4}"
     "</style>"
 )
@@ -149,14 +171,29 @@ def _verdict_class(good: bool | None) -> str:
     return "sb-neutral" if good is None else ("sb-good" if good else "sb-bad")
 
 
+def _headline_rows(h: Headline, expected: bool, rule: bool) -> str:
+    """One headline as a table row (and its why-sentence as a row under it). With an `expected` column the
+    colour is that column's, so a label is never coloured against what it says."""
+    verdict_class = "sb-neutral" if expected else _verdict_class(h.good)
+    cells = [f"<td class='sb-text'>{_e(h.comparison)}</td>", f"<td class='sb-text {verdict_class}'>{_e(h.verdict)}</td>",
+             f"<td class='sb-text'>{_e(h.figure)}</td>", f"<td class='sb-text'>{_e(h.interval)}</td>"]
+    if expected:
+        cells.append(f"<td class='sb-text {_verdict_class(h.good) if h.expected else ''}'>{_e(h.expected)}</td>")
+    if rule:
+        cells.append(f"<td class='sb-text'>{_e(h.rule)}</td>")
+    if not h.why:
+        return f"<tr>{''.join(cells)}</tr>"
+    return (f"<tr class='sb-head'>{''.join(cells)}</tr>"
+            f"<tr><td></td><td class='sb-text sb-why' colspan='{len(cells) - 1}'>{_e(h.why)}</td></tr>")
+
+
 def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None) -> str:
-    """The block a report opens with: the question, one row per comparison, the evidence in one line."""
-    rows = "".join(
-        f"<tr><td class='sb-text'>{_e(h.comparison)}</td>"
-        f"<td class='sb-text {_verdict_class(h.good)}'>{_e(h.verdict)}</td>"
-        f"<td class='sb-text'>{_e(h.figure)}</td><td class='sb-text'>{_e(h.interval)}</td></tr>"
-        for h in summary.headlines
-    )
+    """The block a report opens with: the question, one row per comparison (its why beneath), the evidence."""
+    expected = any(h.expected for h in summary.headlines)
+    rule = any(h.rule for h in summary.headlines)
+    rows = "".join(_headline_rows(h, expected, rule) for h in summary.headlines)
+    heads = ["comparison", "verdict", "headline", "interval"] + (["stated before the run"] if expected else []) + (
+        ["stated rule"] if rule else [])
     evidence = [e for e in summary.evidence if e]
     collected = collection_line(run_parts(run_dir))
     if collected:
@@ -164,9 +201,8 @@ def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None
     return (
         _STYLE + "<div class='sb-summary'><h2>Summary</h2>"
         f"<p class='sb-q'><b>Question.</b> {_e(summary.question)}</p>"
-        "<table class='sb-table'><thead><tr><th class='sb-text'>comparison</th><th class='sb-text'>verdict</th>"
-        "<th class='sb-text'>headline</th><th class='sb-text'>interval</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
+        "<table class='sb-table'><thead><tr>" + "".join(f"<th class='sb-text'>{_e(x)}</th>" for x in heads) +
+        f"</tr></thead><tbody>{rows}</tbody></table>"
         f"<p class='sb-evidence'><b>Evidence.</b> {_e('; '.join(evidence))}</p></div>"
     )
 
@@ -295,16 +331,24 @@ def show_raw(df: pd.DataFrame, what: str, **kw: Any) -> None:
 
 
 def verdict_html(verdict: Any) -> str:
-    """One verdict (specbook.decision Verdict / DifferenceVerdict) as its conclusion and a pass/fail criteria list;
-    each criterion's own text without the PASS/FAIL word the mark already shows."""
+    """One comparison (specbook.decision Verdict / DifferenceVerdict): its label and why, then the stated rule's
+    outcome as its own line over a pass/fail list of the rule's criteria (each criterion's own text without the
+    PASS/FAIL word the mark already shows)."""
     def body(c: Any) -> str:
         text = str(c.text)
         prefix = f"{c.status} {c.name}: "
         return text[len(prefix):] if text.startswith(prefix) else text
 
-    title = f"{verdict.arm} vs {verdict.baseline}: {verdict.conclusion.upper()}"
-    return criteria_html(title, [(c.name, c.passed, body(c) + ("" if c.required else " (reported, not required)"))
-                                 for c in verdict.criteria])
+    lab = getattr(verdict, "label", None)
+    head = f"{verdict.arm} vs {verdict.baseline}: {lab.verdict() if lab is not None else verdict.conclusion.upper()}"
+    out = f"{_STYLE}<p><b>{_e(head)}</b>" + (f" ({_e(lab.interval_text())}). {_e(lab.why())}" if lab else "") + "</p>"
+    from specbook.decision import RULE_NAMES
+
+    meets = getattr(verdict, "meets_rule", None)
+    rule = "the stated rule" if meets is None else (
+        f"meets the stated rule ({RULE_NAMES.get(verdict.kind, verdict.kind)}): {'yes' if meets else 'no'}")
+    return out + criteria_html(rule, [(c.name, c.passed, body(c) + ("" if c.required else " (reported, not required)"))
+                                      for c in verdict.criteria])
 
 
 def outline_html(text: str) -> str:

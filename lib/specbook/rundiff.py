@@ -86,14 +86,14 @@ class RunDiff:
     header: list[tuple[str, Any, Any]]  # run id, start, status, params name, git, host
     params: list[tuple[str, Any, Any]]
     environment: list[tuple[str, Any, Any]]
-    headlines: list[tuple[str, str, str]]  # comparison, A's verdict and figure, B's
+    headlines: list[tuple[str, str, str]]  # comparison, A's verdict, figure, interval (and expectation, rule), B's
     notes: list[str]
 
 
 def _headline_cell(h: dict[str, Any] | None) -> str:
     if not h:
         return MISSING
-    parts = [h.get("verdict"), h.get("figure"), h.get("interval")]
+    parts = [h.get("verdict"), h.get("figure"), h.get("interval"), h.get("expected"), h.get("rule")]
     return " | ".join(str(p) for p in parts if p)
 
 

@@ -1,7 +1,7 @@
 """`specbook index`: one HTML page listing every run under a folder (outputs/, docs/reports/).
 
-Each row: experiment, start time, params name, git sha and dirty flag, host, status, the headline verdicts
-the report's summary block gave (its summary.json) and a link to the report. The runner rewrites
+Each row: experiment, start time, params name, git sha and dirty flag, host, status, the report's answer in
+one short clause (its summary.json) and a link to the report. The runner rewrites
 outputs/index.html after every run. Manifests are read as plain JSON, so runs recorded by older or newer
 versions still list; an unreadable one lists as such.
 """
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specbook.report_view import table_html
+from specbook.report_view import short_clause, table_html
 
 INDEX_HTML = "index.html"
 SUMMARY_JSON = "summary.json"
@@ -43,12 +43,15 @@ def _status(doc: dict[str, Any], run_dir: Path) -> str:
 
 
 def headline_text(run_dir: str | os.PathLike[str]) -> str:
-    """'fp32 vs baseline: EQUIVALENT; ...' from the folder's summary.json; '' when the report wrote none."""
+    """The report's answer in one short clause, from the folder's summary.json: its `short` line, or (a summary
+    written before it had one) the first headline's comparison and verdict and how many more; '' without one."""
     try:
         doc = json.loads((Path(run_dir) / SUMMARY_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
-    return "; ".join(f"{h.get('comparison')}: {h.get('verdict')}" for h in doc.get("headlines", []))
+    if doc.get("short"):
+        return str(doc["short"])
+    return short_clause([h for h in doc.get("headlines", []) if isinstance(h, dict)])
 
 
 def index_row(run_dir: Path, root: Path) -> dict[str, Any]:
@@ -95,8 +98,8 @@ def index_html(rows: list[dict[str, Any]], title: str) -> str:
     table = table_html(frame.fillna(""), max_columns=10**6, raw_html=("report",))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
             f"<body style='font-family:sans-serif;margin:16px'><h1>{html.escape(title)}</h1>"
-            f"<p>{len(rows)} run(s), newest first. Headline: the verdicts the report's summary block gave "
-            "(blank for runs rendered before reports wrote one).</p>"
+            f"<p>{len(rows)} run(s), newest first. Headline: the report's answer in one short clause, from its "
+            "summary block (blank for runs rendered before reports wrote one).</p>"
             f"{table}</body></html>")
 
 

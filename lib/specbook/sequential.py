@@ -6,11 +6,15 @@ sweeps (every arm has a run), so the runs always pair by sweep, and the knob A/B
 t on the per-sweep differences d_s = variant_s - baseline_s (df n - 1; the between-sweep variance, which
 question draw a sweep served, cancels); `paired=False` gives the Welch t on run means instead:
 
-- **different** when the two-sided t test of delta = 0 crosses its boundary and |delta| is beyond
-  the rule's margin (the book's "different" needs both);
-- **equivalent** when both one-sided t tests of the TOST (delta > -margin and delta < +margin)
-  cross their boundary;
-- otherwise **continue**, and at `sweeps_max` **undecided-at-max**.
+- the difference test: the two-sided t test of delta = 0 against its boundary (alpha two-sided);
+- the equivalence test: both one-sided t tests of the TOST (delta > -margin and delta < +margin) against
+  their boundary, each at alpha / 2: the one-sided pair of a (1 - alpha) interval, the level of the interval
+  the book's labels read (specbook.verdicts), so a look never calls equivalent what that interval would not.
+
+A look is labelled in the book's vocabulary (specbook.verdicts) from the two tests, as an interval would be:
+**shown equivalent** (the equivalence test crosses), **small real change, inside the margin** (both cross),
+**shown different** (the difference test crosses, the equivalence test does not); otherwise **continue**, and
+at `sweeps_max` **undecided**. Any of the first three stops the comparison.
 
 The margin is the rule's TOST margin, +/- `tost_margin_pct` % of the baseline mean: a margin in units of
 the baseline's sd (the rule's other criterion) moves with the sd's own estimate and is no fixed
@@ -32,14 +36,19 @@ Error control: each test spends its alpha over the looks with a Lan-DeMets spend
 Converting the normal boundaries instead for the paired t too (the book did until 2026-12) keeps each
 look's marginal level but not the looks' joint law: a two-sided 5% difference test then rejected a true
 null 5.6-5.8% of the time (simulated, 40000 replications; O'Brien-Fleming 2..4, 2..8, 2..10, Pocock 3..8).
-So: P(different | no true effect) <= alpha (two-sided) and P(equivalent | |true delta| >= margin) <= alpha;
-tests/unit/test_sequential.py measures both by simulation, on draws independent of the calibration's.
+So: P(an interval excluding 0 | no true effect) <= alpha (two-sided) and P(inside the margin | |true delta| >=
+margin) <= alpha / 2; tests/unit/test_sequential.py measures both by simulation, on draws independent of the
+calibration's.
+
+`project_sweeps` turns an undecided comparison's observed noise into the sweeps that would decide it (the
+estimate held fixed): the fixed-sample t half-width at n sweeps, and for the paired design the sweeps_max
+whose last look's boundaries the projected t statistics reach.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
@@ -49,6 +58,7 @@ import pandas as pd
 from scipy import stats as sps
 from scipy.optimize import brentq
 
+from specbook import verdicts
 from specbook.errors import ExperimentError
 from specbook.stats import PAIRED_METHOD, WELCH_METHOD, paired_contrast, paired_tost_t, summarize, welch_delta
 
@@ -58,7 +68,18 @@ if TYPE_CHECKING:
 
 Spending = Literal["obrien_fleming", "pocock"]
 SPENDING_FUNCTIONS: tuple[str, ...] = ("obrien_fleming", "pocock")
-EQUIVALENT, DIFFERENT, CONTINUE, UNDECIDED = "equivalent", "different", "continue", "undecided-at-max"
+EQUIVALENT, SMALL_CHANGE, DIFFERENT = verdicts.SHOWN_EQUIVALENT, verdicts.SMALL_CHANGE, verdicts.SHOWN_DIFFERENT
+CONTINUE, UNDECIDED = "continue", verdicts.UNDECIDED
+DECIDED = (EQUIVALENT, SMALL_CHANGE, DIFFERENT)
+# judge()'s codes, in order: no verdict yet, then DECIDED
+CODES = (CONTINUE, *DECIDED)
+# What runs recorded in data/sequential_looks.json before the book's vocabulary (still read).
+OLD_WORDS = {"equivalent": EQUIVALENT, "different": DIFFERENT, "undecided-at-max": UNDECIDED}
+
+
+def look_word(recorded: str) -> str:
+    """A recorded look decision in the book's vocabulary (older runs wrote 'equivalent', 'undecided-at-max')."""
+    return OLD_WORDS.get(recorded, recorded)
 
 _GRID = 1601  # points of the recursion's grid on the score scale
 _SPAN = 8.0  # the grid reaches +/- this many sd of the score at the last look
@@ -185,12 +206,12 @@ class LookBoundaries:
     look: int  # 1-based among the planned looks
     fraction: float
     z_difference: float  # two-sided: |T| >= this (normal scale)
-    z_equivalence: float  # one-sided, each TOST test
+    z_equivalence: float  # one-sided, each TOST test (at alpha / 2)
     t_difference: float
     t_equivalence: float
     df: float
     alpha_spent_difference: float  # cumulative, up to and including this look
-    alpha_spent_equivalence: float
+    alpha_spent_equivalence: float  # of each one-sided TOST test (alpha / 2 in all)
     t_from: str = WELCH_CONVERSION  # how the t-scale boundaries were set
 
 
@@ -205,10 +226,10 @@ def boundaries_at(n: int, sweeps_min: int, sweeps_max: int, alpha: float, spendi
     if not 0 <= k < len(fr):
         raise ExperimentError(f"no planned look after sweep {n}: looks are after sweeps {sweeps_min}..{sweeps_max}")
     zd = z_boundaries(fr, alpha, spending, True)[k]
-    ze = z_boundaries(fr, alpha, spending, False)[k]
+    ze = z_boundaries(fr, alpha / 2, spending, False)[k]
     td, te = t_scale_bounds(k, sweeps_min, sweeps_max, alpha, spending, df, paired)
     return LookBoundaries(k + 1, fr[k], zd, ze, td, te, df, 2 * spent_alpha(fr[k], alpha / 2, spending),
-                          spent_alpha(fr[k], alpha, spending), PAIRED_CALIBRATION if paired else WELCH_CONVERSION)
+                          spent_alpha(fr[k], alpha / 2, spending), PAIRED_CALIBRATION if paired else WELCH_CONVERSION)
 
 
 @dataclass(frozen=True)
@@ -217,7 +238,7 @@ class Look:
 
     arm: str
     baseline: str
-    decision: str  # equivalent / different / continue / undecided-at-max
+    decision: str  # one of sequential.DECIDED, continue, undecided
     n_baseline: int
     n_variant: int
     delta: float
@@ -254,37 +275,37 @@ def t_bound(z: float, df: np.ndarray | float) -> np.ndarray | float:
 
 def t_scale_bounds(k: int, sweeps_min: int, sweeps_max: int, alpha: float, spending: Spending,
                    df: np.ndarray | float, paired: bool) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """(difference, equivalence) bounds on the t scale at look k (0-based): the paired t's own
-    (`paired_t_boundaries`), else the normal ones at the same tail area at df (Welch; elementwise for arrays)."""
+    """(difference, equivalence) bounds on the t scale at look k (0-based), the difference test two-sided at
+    alpha, each TOST test one-sided at alpha / 2: the paired t's own (`paired_t_boundaries`), else the normal
+    ones at the same tail area at df (Welch; elementwise for arrays)."""
     if paired:
         return (paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, True)[k],
-                paired_t_boundaries(sweeps_min, sweeps_max, alpha, spending, False)[k])
+                paired_t_boundaries(sweeps_min, sweeps_max, alpha / 2, spending, False)[k])
     fr = look_fractions(sweeps_min, sweeps_max)
     return (t_bound(z_boundaries(fr, alpha, spending, True)[k], df),
-            t_bound(z_boundaries(fr, alpha, spending, False)[k], df))
+            t_bound(z_boundaries(fr, alpha / 2, spending, False)[k], df))
 
 
 def judge(delta: np.ndarray, se: np.ndarray, margin: np.ndarray, bound_difference: np.ndarray | float,
           bound_equivalence: np.ndarray | float, t_tost: np.ndarray | None = None) -> np.ndarray:
-    """The verdict codes at one look, elementwise: 1 equivalent, 2 different, 0 no verdict yet.
+    """The verdict codes at one look, elementwise, indices into CODES: 0 no verdict yet, 1 shown equivalent,
+    2 small real change inside the margin, 3 shown different.
 
-    Bounds on the t scale (LookBoundaries.t_difference / t_equivalence). Equivalent: both TOST t >= the
-    equivalence bound (checked first: a real but small effect inside the margin is equivalent); t_tost, the
-    smaller of the two, defaults to (margin - |delta|) / se (Welch; the paired design passes
-    stats.paired_tost_t's). Different: |delta / se| >= the difference bound and |delta| > margin. With
-    se = 0 (both arms repeat exactly) the margin alone decides.
+    Bounds on the t scale (LookBoundaries.t_difference / t_equivalence). Inside the margin: both TOST t >= the
+    equivalence bound (t_tost, the smaller of the two, defaults to (margin - |delta|) / se (Welch; the paired
+    design passes stats.paired_tost_t's)); excluding 0: |delta / se| >= the difference bound. Inside and not
+    excluding 0: shown equivalent; both: a small real change; excluding 0 only: shown different. With se = 0
+    (both arms repeat exactly) the interval is the point: inside iff |delta| <= margin, excluding 0 iff delta != 0.
     """
     delta, se, margin = (np.asarray(x, float) for x in (delta, se, margin))
     with np.errstate(divide="ignore", invalid="ignore"):
         t0 = np.abs(delta) / se
         if t_tost is None:
             t_tost = (margin - np.abs(delta)) / se
-    equivalent = t_tost >= bound_equivalence
-    different = (t0 >= bound_difference) & (np.abs(delta) > margin)
     exact = se == 0
-    equivalent = np.where(exact, np.abs(delta) <= margin, equivalent)
-    different = np.where(exact, np.abs(delta) > margin, different & ~equivalent)
-    return np.where(equivalent, 1, np.where(different, 2, 0))
+    inside = np.where(exact, np.abs(delta) <= margin, t_tost >= bound_equivalence)
+    excludes = np.where(exact, delta != 0, t0 >= bound_difference)
+    return np.where(inside & excludes, 2, np.where(inside, 1, np.where(excludes, 3, 0)))
 
 
 def decide(baseline: Sequence[float], variant: Sequence[float], *, margin_pct: float, alpha: float,
@@ -317,32 +338,88 @@ def decide(baseline: Sequence[float], variant: Sequence[float], *, margin_pct: f
     code = int(judge(w.estimate, w.se, margin, bounds.t_difference, bounds.t_equivalence,
                      min(t_lo, t_hi) if w.paired else None))
     if w.se == 0:
-        return Look(arm, baseline_name, (EQUIVALENT, DIFFERENT)[code - 1], n, n, w.estimate, 0.0, margin,
-                    math.nan, math.nan, math.nan, bounds, "both arms repeat exactly (sd = 0): the margin alone decides")
+        return Look(arm, baseline_name, CODES[code], n, n, w.estimate, 0.0, margin, math.nan, math.nan, math.nan,
+                    bounds, "both arms repeat exactly (sd = 0): the interval is the point, the margin decides")
     t0 = w.estimate / w.se
+    inside = (f"both TOST t ({t_lo:.3g}, {t_hi:.3g}) >= {bounds.t_equivalence:.3g} for +/-{margin_pct:g}% "
+              f"(+/-{margin:.4g})")
+    excludes = f"|t| = {abs(t0):.3g} >= {bounds.t_difference:.3g}"
+    verdict = CODES[code] if code else (UNDECIDED if n == sweeps_max else CONTINUE)
     if code == 1:
-        verdict, reason = EQUIVALENT, (f"both TOST t ({t_lo:.3g}, {t_hi:.3g}) >= {bounds.t_equivalence:.3g} "
-                                       f"for +/-{margin_pct:g}% (+/-{margin:.4g})")
+        reason = inside
     elif code == 2:
-        verdict, reason = DIFFERENT, (f"|t| = {abs(t0):.3g} >= {bounds.t_difference:.3g} and |delta| = "
-                                      f"{abs(w.estimate):.4g} > margin {margin:.4g}")
+        reason = f"{inside}, and {excludes}"
+    elif code == 3:
+        reason = f"{excludes}; TOST min t = {min(t_lo, t_hi):.3g} < {bounds.t_equivalence:.3g}"
     else:
-        verdict = UNDECIDED if n == sweeps_max else CONTINUE
         reason = (f"|t| = {abs(t0):.3g} vs {bounds.t_difference:.3g} (difference), TOST min t = "
                   f"{min(t_lo, t_hi):.3g} vs {bounds.t_equivalence:.3g} (equivalence)")
     return Look(arm, baseline_name, verdict, n, n, w.estimate, w.se, margin, t0, t_lo, t_hi, bounds, reason)
 
 
+PROJECTION_CAP = 1000  # sweeps per arm a projection looks up to
+SEQUENTIAL_PROJECTION_CAP = 30  # the largest sweeps_max whose own boundaries a projection computes (cost ~ n)
+
+
+def project_sweeps(estimate: float, se: float, n: int, margin: float, *, ci: float = 0.95,
+                   df_at: Callable[[np.ndarray], np.ndarray] | None = None, df_words: str = "n - 1",
+                   sequential: tuple[int, Spending] | None = None,
+                   cap: int = PROJECTION_CAP) -> verdicts.Projection | None:
+    """The sweeps at which an interval of this noise would fit inside +/-margin / exclude 0, the estimate held.
+
+    se: the standard error of `estimate` at n sweeps; it shrinks as sqrt(n / N) at N sweeps, the interval's
+    half-width being t(ci, df_at(N)) x se_N (df_at: N - 1 unless given, e.g. the curve's (N - 1)(L - 1)).
+    sequential = (sweeps_min, spending): the paired design's too, the smallest sweeps_max (from the fixed
+    projection on, up to SEQUENTIAL_PROJECTION_CAP) whose last look's boundaries (alpha = 1 - ci) the projected
+    t statistics reach. None when the noise is unknown or zero.
+    """
+    if not (math.isfinite(se) and se > 0 and math.isfinite(estimate) and n >= 1):
+        return None
+    sd = se * math.sqrt(n)
+    ns = np.arange(n + 1, cap + 1)
+    df = ns - 1.0 if df_at is None else np.asarray(df_at(ns), float)
+    half = sps.t.ppf(0.5 + ci / 2, df) * sd / np.sqrt(ns)
+    size = abs(estimate)
+    fits, excludes = ns[size + half <= margin], ns[half < size]
+    to_eq = int(fits[0]) if size < margin and fits.size else None
+    to_diff = int(excludes[0]) if size > 0 and excludes.size else None
+    method = (f"the {ci:.0%} t half-width at N sweeps, t(df) x sd / sqrt(N) with df {df_words}, the sd as observed")
+    sweeps_max = None
+    first = min((x for x in (to_eq, to_diff) if x is not None), default=None)
+    if sequential is not None and first is not None and first <= SEQUENTIAL_PROJECTION_CAP:
+        lo, spending = sequential
+        alpha = 1 - ci
+        for big_n in range(max(first, lo, 2), SEQUENTIAL_PROJECTION_CAP + 1):
+            se_n = sd / math.sqrt(big_n)
+            c_d = paired_t_boundaries(lo, big_n, alpha, spending, True)[-1]
+            c_e = paired_t_boundaries(lo, big_n, alpha / 2, spending, False)[-1]
+            if size / se_n >= c_d or (margin - size) / se_n >= c_e:
+                sweeps_max = big_n
+                break
+    return verdicts.Projection(n, sd, to_eq, to_diff, cap, method, sweeps_max)
+
+
 @dataclass(frozen=True)
 class OperatingCharacteristics:
-    """Simulated verdict probabilities and sweeps of one design on one scenario."""
+    """Simulated verdict probabilities and sweeps of one design on one scenario (the four outcomes sum to 1)."""
 
-    p_equivalent: float
-    p_different: float
+    p_equivalent: float  # shown equivalent
+    p_different: float  # shown different
     p_undecided: float
     expected_sweeps: float  # per arm, to a verdict or sweeps_max
     sweeps_quantiles: tuple[float, float, float]  # 10%, 50%, 90%
     replications: int
+    p_small_change: float = 0.0  # a small real change, inside the margin
+
+    @property
+    def p_inside(self) -> float:
+        """P(the design ends inside the margin): shown equivalent or a small real change."""
+        return self.p_equivalent + self.p_small_change
+
+    @property
+    def p_excludes_zero(self) -> float:
+        """P(the design ends with 0 excluded): shown different or a small real change."""
+        return self.p_different + self.p_small_change
 
 
 def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarray, *, margin_pct: float,
@@ -382,16 +459,16 @@ def operating_characteristics(baseline_runs: np.ndarray, variant_runs: np.ndarra
         verdict[idx] = code
         stopped_at[idx[code > 0]] = n
     q = np.quantile(stopped_at, [0.1, 0.5, 0.9])
-    return OperatingCharacteristics(float(np.mean(verdict == 1)), float(np.mean(verdict == 2)),
+    return OperatingCharacteristics(float(np.mean(verdict == 1)), float(np.mean(verdict == 3)),
                                     float(np.mean(verdict == 0)), float(stopped_at.mean()),
-                                    (float(q[0]), float(q[1]), float(q[2])), reps)
+                                    (float(q[0]), float(q[1]), float(q[2])), reps, float(np.mean(verdict == 2)))
 
 
 @dataclass(frozen=True)
 class SequentialState:
     """Where an adaptive knob A/B stands after its latest complete sweep."""
 
-    decision: str  # equivalent / different (every comparison decided, all alike), decided, continue, undecided-at-max
+    decision: str  # a DECIDED word (every comparison decided, all alike), decided, continue, undecided
     sweeps: int  # complete sweeps (every arm has a valued run)
     sweeps_min: int
     sweeps_max: int
@@ -422,7 +499,7 @@ def overall(decisions: Sequence[str], at_max: bool) -> str:
     """All comparisons decided: the common verdict (or 'decided' when they differ); else continue / undecided."""
     if not decisions:
         return UNDECIDED if at_max else CONTINUE
-    if all(d in (EQUIVALENT, DIFFERENT) for d in decisions):
+    if all(d in DECIDED for d in decisions):
         return decisions[0] if len(set(decisions)) == 1 else "decided"
     return UNDECIDED if at_max else CONTINUE
 

@@ -24,9 +24,11 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 # What each rendered report must say (verdicts and headline words the golden analysis gives).
 MUST_SAY = {
-    "knob_ab": ["int4draft vs baseline: DIFFERENT", "fp32 vs baseline: NOT SHOWN EQUIVALENT", "Decision rule"],
-    "knob_ab_ingest": ["int4draft vs baseline: DIFFERENT"],
-    "config_flip": ["arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED", "3 of 3 prompts equal under greedy decoding"],
+    "knob_ab": ["fp32+int4draft vs baseline: SHOWN DIFFERENT: -29.89%", "fp32 vs baseline: UNDECIDED",
+                "meets the stated rule", "Decision rule", "A = fp32, B = int4draft"],
+    "knob_ab_ingest": ["int4draft vs baseline: SHOWN DIFFERENT", "This section cannot judge accuracy."],
+    "config_flip": ["arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED in this run",
+                    "3 of 3 prompts equal under greedy decoding"],
     "cross_engine": ["NOT COMPARABLE", "yes-loop", "Headline ratio per lane"],
 }
 

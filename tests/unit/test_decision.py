@@ -1,4 +1,5 @@
-"""specbook.decision: verdicts with every criterion's numbers, including the deterministic case."""
+"""specbook.decision: each comparison's label (from its interval) beside the stated rule's outcome with every
+criterion's numbers, including the deterministic case."""
 
 from __future__ import annotations
 
@@ -46,18 +47,23 @@ def test_submitters_case_passes_delta_criteria_but_not_tost():
     assert rows.loc[0, "delta_pct"] == pytest.approx(-0.5)
     assert rows.loc[0, "delta_over_baseline_sd"] == pytest.approx(-0.4)
     assert [status(v, n) for n in ("sweeps", "delta_pct", "delta_over_sd", "tost")] == ["PASS", "PASS", "PASS", "FAIL"]
-    assert not v.equivalent and not v.deterministic
-    assert "NOT SHOWN EQUIVALENT" in v.text and "|delta| = 0.500% of baseline mean <= 1%" in v.text
+    assert not v.equivalent and not v.deterministic and not v.meets_rule
+    # the label reads the interval: [-3.33%, +2.33%] includes 0 and reaches past +/-1%
+    assert v.conclusion == "undecided" and v.text.startswith("fp32 vs baseline: UNDECIDED: ~")
+    assert "meets the stated rule: no" in v.text and "|delta| = 0.500% of baseline mean <= 1%" in v.text
     assert "|delta| = 0.40 x baseline sd" in v.text
 
     _, (v2,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule(require_tost=False))
-    assert v2.equivalent and "(reported only)" in v2.text
+    # the stated rule is met on the point alone; the label stays what the interval shows
+    assert v2.equivalent and v2.meets_rule and "(reported only)" in v2.text
+    assert v2.conclusion == "undecided" and "meets the stated rule: yes" in v2.text
 
 
 def test_tight_arms_are_equivalent():
     df = frame(baseline=[2.000, 2.002, 1.998], v=[2.001, 2.003, 1.999])
     _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.equivalent and all(c.status == "PASS" for c in v.criteria)
+    assert v.conclusion == "shown equivalent" and v.label.inside and not v.label.excludes_zero
 
 
 def test_large_shift_fails_delta_criteria():
@@ -97,10 +103,11 @@ def test_positive_control_is_different():
     df = frame(baseline=[2.00, 2.01, 1.99], slow=[2.30, 2.31, 2.29], tiny=[2.004, 2.014, 1.994])
     rows = delta_vs_baseline(df, "arm", "al", "baseline")
     slow = evaluate_difference(DecisionRule(), rows.iloc[0])
-    assert slow.different and slow.conclusion == "different"
-    # a 0.2% shift is inside the 1% margin: not a "different" verdict even if its CI excluded 0
+    assert slow.different and slow.conclusion == "shown different"
+    # a 0.2% shift is inside the 1% margin: the stated rule says not different; the interval, [-0.63%, +1.03%]
+    # (Welch), includes 0 and reaches past the margin: undecided
     tiny = evaluate_difference(DecisionRule(), rows.iloc[1])
-    assert not tiny.different
+    assert not tiny.different and tiny.conclusion == "undecided"
     assert next(c for c in tiny.criteria if c.name == "delta_beyond_margin").status == "FAIL"
 
 
@@ -112,9 +119,10 @@ def test_verdict_table_rows_per_criterion():
     assert set(t["arm"]) == {"a", "b"}
     assert len(t) == sum(len(v.criteria) for v in verdicts) + len(diff.criteria)
     a_rows = t[(t["arm"] == "a") & (t["kind"] == "equivalence")]
-    assert set(a_rows["conclusion"]) == {"equivalent"}
+    # deterministic +0.5%: the interval is the point, inside +/-1% and excluding 0; the rule is met
+    assert set(a_rows["conclusion"]) == {"small real change, inside the margin"} and a_rows["meets_rule"].all()
     assert set(a_rows["result"]) == {"PASS", "n/a"}
-    assert set(t[t["kind"] == "difference"]["conclusion"]) == {"different"}
+    assert set(t[t["kind"] == "difference"]["conclusion"]) == {"shown different"}
 
 
 def test_rule_describe_states_the_numbers():
@@ -135,11 +143,12 @@ RULE_TEXT = (
 )
 
 
-def test_verdict_text_is_unchanged_noisy_runs():
+def test_verdict_text_reads_the_label_then_the_stated_rule_noisy_runs():
     df = frame(baseline=[1.975, 2.000, 2.025], fp32=[1.965, 1.990, 2.015])
     _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.text == "\n".join([
-        "fp32 vs baseline: NOT SHOWN EQUIVALENT",
+        "fp32 vs baseline: UNDECIDED: ~47 more sweeps (95% CI [-3.33%, +2.33%] vs margin \u00b11%)",
+        "  meets the stated rule: no (the rule for 'equivalent')",
         "  PASS sweeps: min sweeps per arm = 3 (baseline 3, variant 3) >= 2 required",
         "  PASS delta_pct: |delta| = 0.500% of baseline mean <= 1% (delta -0.500%)",
         "  PASS delta_over_sd: |delta| = 0.40 x baseline sd (0.025) <= 1",
@@ -152,11 +161,13 @@ def test_verdict_text_is_unchanged_noisy_runs():
     assert v.criteria[2].value == pytest.approx(-0.4) and v.criteria[3].value == pytest.approx(0.3249, abs=1e-4)
 
 
-def test_verdict_text_is_unchanged_deterministic_runs():
+def test_verdict_text_reads_the_label_then_the_stated_rule_deterministic_runs():
     df = frame(baseline=[2.0, 2.0], v=[2.03, 2.03])
     _, (v,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())
     assert v.text == "\n".join([
-        "v vs baseline: NOT SHOWN EQUIVALENT (deterministic runs: judged by the margin alone)",
+        "v vs baseline: SHOWN DIFFERENT: +1.50% (95% CI [+1.50%, +1.50%] vs margin \u00b11%)",
+        "  meets the stated rule: no (the rule for 'equivalent') (deterministic runs: the rule is judged by the "
+        "margin alone)",
         "  PASS sweeps: min sweeps per arm = 2 (baseline 2, variant 2) >= 2 required",
         "  FAIL delta_pct: |delta| = 1.500% of baseline mean > 1% (delta +1.500%)",
         "  n/a delta_over_sd: n/a: deterministic (sd = 0 in both arms)",
@@ -257,7 +268,7 @@ def test_compare_and_decide_gives_the_verdicts_judge_gave(rule):
     assert same(verdicts, ref)
     kinds = {v.arm: v.kind for v in verdicts}
     assert kinds == {"slow": "difference", "fp32+slow": "difference", "fp32": "equivalence"}
-    assert {v.arm: v.conclusion for v in verdicts}["slow"] == "different"
+    assert {v.arm: v.conclusion for v in verdicts}["slow"] == "shown different"
 
 
 def test_compare_and_decide_restricted_to_arms_gives_the_knob_effects_judge_gave():

@@ -141,7 +141,7 @@ def test_knob_ab_golden_figures_are_unchanged(name, tmp_path):
 
 
 def test_knob_ab_golden_headline(tmp_path):
-    """The demo's headline in words: the int4 draft lowers AL in every sweep, the verdicts as recorded."""
+    """The demo's headline in words: the int4 draft lowers AL in every sweep, the labels as recorded."""
     folder = _folder("knob_ab", tmp_path)
     params = knob_ab.load_params_file(str(folder / "params.yaml"))
     r = knob_ab.analyze(knob_ab.load(RunContext.from_run_dir(folder)), params)
@@ -149,7 +149,7 @@ def test_knob_ab_golden_headline(tmp_path):
     assert (al["int4draft"] < al["baseline"]).all()
     conclusions = {f"{v.arm} vs {v.baseline}": v.conclusion for v in r.decision.verdicts}
     old = {f"{v['arm']} vs {v['baseline']}": v["conclusion"] for v in _expected("knob_ab")["verdicts"]}
-    assert conclusions == old and "different" in set(old.values())
+    assert conclusions == old and "shown different" in set(old.values())
 
 
 # --------------------------------------------------------------------------------------------------

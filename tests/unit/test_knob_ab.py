@@ -93,7 +93,7 @@ def intervals_for(run_id, steady_al, t0):
     return rows
 
 
-def make_data(p, *, mislabel=None):
+def make_data(p, *, mislabel=None, al_table=None):
     engine = get_engine("vllm")
     arms = {a.name: a for a in p.arms()}
     runs, intervals = [], []
@@ -105,7 +105,7 @@ def make_data(p, *, mislabel=None):
             real = mislabel[1] if mislabel and mislabel[0] == run_id else name
             cfg = _arm_config(arms[real], p)
             spec = engine.build_spec(cfg, name=run_id, log_path=Path("x.log"), port=40000 + order)
-            al = STEADY_AL[real][sweep]
+            al = (al_table or STEADY_AL)[real][sweep]
             runs.append({"run_id": run_id, "order": order, "sweep": sweep, "declared_arm": name, "status": "ok",
                          "argv": json.dumps(spec.argv), "launched_env": json.dumps(spec.env),
                          "tok_s": 50.0, "wall_s": 10.0, "completion_tokens": 500, "correct": 5, "total": 12,
@@ -119,14 +119,34 @@ def test_verdicts_equivalent_for_the_neutral_knob_and_different_for_the_control(
     p = params()
     d = knob_ab.analyze(make_data(p), p).decision
     conclusions = {(r["comparison"]): r["conclusion"] for _, r in d.knob_verdicts.iterrows()}
-    assert conclusions["fp32 vs baseline"] == "equivalent"
-    assert conclusions["int4 vs baseline"] == "different"
+    # fp32's per-sweep deltas +0.005, 0, -0.005 AL: the 95% interval [-0.29%, +0.29%] lies inside +/-1%
+    assert conclusions["fp32 vs baseline"] == "shown equivalent"
+    assert conclusions["int4 vs baseline"] == "shown different"
     # each knob judged again with the other knob on
-    assert conclusions["fp32+int4 vs int4"] == "equivalent"
-    assert conclusions["fp32+int4 vs fp32"] == "different"
-    assert d.knob_verdicts["as expected"].all()
+    assert conclusions["fp32+int4 vs int4"] == "shown equivalent"
+    assert conclusions["fp32+int4 vs fp32"] == "shown different"
+    assert d.knob_verdicts["as expected"].all() and d.knob_verdicts["meets the stated rule"].all()
     assert "PASS" in set(d.verdict_table["result"])
     assert d.value_col == "steady_log_al" and d.rule_text == p.decision.describe()
+    assert "SHOWN EQUIVALENT when the whole interval lies inside \u00b11%" in d.vocabulary
+
+
+def test_the_label_and_the_stated_rule_are_separate_lines():
+    """A knob whose point passes the stated rule but whose interval reaches past the margin: UNDECIDED, and the
+    rule's 'yes' is its own line; the colour is the expectation's, never the label's."""
+    p = params(decision={"max_abs_delta_pct": 1.0, "max_abs_delta_over_sd": 1.0, "min_sweeps": 3,
+                         "tost_margin_pct": 1.0, "require_tost": False})
+    # fp32 - baseline per sweep: +0.03, -0.03, +0.02 AL: the mean (+0.16%, 0.67 baseline sd) passes the rule,
+    # the paired 95% interval (+/-1.85%) reaches past the 1% margin
+    r = knob_ab.analyze(make_data(p, al_table={**STEADY_AL, "fp32": [4.33, 4.28, 4.34]}), p)
+    v = next(v for v in r.decision.verdicts if (v.arm, v.baseline) == ("fp32", "baseline"))
+    assert (v.conclusion, v.meets_rule) == ("undecided", True)
+    head = next(h for h in r.answer(p).headlines if h.comparison == "fp32 vs baseline")
+    assert head.verdict.startswith("UNDECIDED: ~") and head.verdict.endswith("more sweeps")
+    assert head.rule == "meets the stated rule: yes"
+    assert head.expected == "expected equivalent: no" and head.good is False
+    assert "vs margin \u00b11%; paired t over 3 sweeps (df 2)" in head.interval
+    assert "includes 0 and reaches beyond \u00b11%" in head.why and "sweeps_max" in head.why
 
 
 def test_steady_state_drops_load_intervals_and_keeps_the_constructed_al():
@@ -161,7 +181,7 @@ def test_counter_al_as_primary_gives_the_same_verdicts():
     d = knob_ab.analyze(make_data(p), p).decision
     assert d.value_col == "counter_al"
     conclusions = d.knob_verdicts.set_index("comparison")["conclusion"]
-    assert conclusions["fp32 vs baseline"] == "equivalent" and conclusions["int4 vs baseline"] == "different"
+    assert conclusions["fp32 vs baseline"] == "shown equivalent" and conclusions["int4 vs baseline"] == "shown different"
 
 
 def test_crude_cut_is_shown_lower_than_the_load_cut():
@@ -190,6 +210,27 @@ def test_interaction_is_near_zero_when_effects_add_up():
     assert inter["interaction (A+B - B) - (A - base)"] == pytest.approx(0.0, abs=1e-9)
     assert inter["effect of B"] == pytest.approx(3.11 - 4.31, abs=1e-9)
     assert inter["interaction 95% CI low"] <= 0 <= inter["interaction 95% CI high"]
+    # A and B are named: the table's arms column and the label below it
+    arms = res.decision.interaction.set_index("quantity")["arms"]
+    assert arms["effect of A"] == "fp32 - baseline" and arms["effect of B"] == "int4 - baseline"
+    assert arms["interaction (A+B - B) - (A - base)"] == "(fp32+int4 - int4) - (fp32 - baseline)"
+    text = res.decision.interaction_text
+    assert text.startswith("A = fp32, B = int4, A+B = fp32+int4") and "vs margin \u00b11%" in text
+
+
+def test_the_intro_follows_the_workload_and_accuracy_says_first_what_it_can_judge():
+    from specbook.experiments.knob_ab.analysis import intro_text
+    from specbook.paths import project_root
+
+    root = project_root() / "params" / "knob_ab"
+    spec_bench = knob_ab.load_params_file(str(root / "h200-attention-backend-both.yaml"))
+    assert "Spec-Bench" in intro_text(spec_bench) and "GSM8K" not in intro_text(spec_bench)
+    assert "GSM8K 5-shot chat" in intro_text(knob_ab.load_params_file(str(root / "cpu-demo.yaml")))
+    p = params()
+    r = knob_ab.analyze(make_data(p), p)
+    # 12 graded answers per run, 3 runs per arm: 36 per arm
+    assert r.accuracy_lead.startswith("GSM8K exact-answer accuracy per arm") and "36 graded answers" in r.accuracy_lead
+    assert r.arms == ["baseline", "fp32", "int4", "fp32+int4"]
 
 
 def test_a_run_whose_real_args_differ_from_its_declared_arm_is_flagged_and_moved():
@@ -509,3 +550,8 @@ def test_a_report_without_accuracy_says_why():
     assert no_accuracy_reason(knob_ab.load_params_file(str(root / "cpu-demo-spec-bench.yaml")),
                               graded=False).startswith("The spec_bench workload has no reference answers")
     assert "No request" in no_accuracy_reason(knob_ab.load_params_file(str(root / "cpu-demo.yaml")), graded=True)
+    from specbook.experiments.knob_ab.analysis import accuracy_lead
+
+    lead = accuracy_lead(pd.DataFrame(), "The spec_bench workload has no reference answers to grade: no accuracy.",
+                         knob_ab.load_params_file(str(root / "cpu-demo-spec-bench.yaml")))
+    assert lead.startswith("**This section cannot judge accuracy.**")

@@ -54,7 +54,7 @@ def test_mapping_ingest_reproduces_counter_al_and_judges_the_positive_control(tm
         drafts, accepted = COUNTERS[key_of(run_id)]
         assert value == pytest.approx(1 + accepted / drafts, abs=1e-12)
     verdict = result.decision.knob_verdicts.set_index("comparison").loc["int4draft vs baseline"]
-    assert verdict["conclusion"] == "different"
+    assert verdict["conclusion"] == "shown different"
     assert result.accuracy.empty  # logs carry no outputs
 
 

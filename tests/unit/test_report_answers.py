@@ -28,18 +28,23 @@ def test_knob_ab_leads_with_each_comparison_its_delta_and_interval():
     assert summary.question.startswith("Does each knob (fp32, int4draft) move draft acceptance (steady_log_al)")
     assert params.description in summary.question
     assert [h.comparison for h in summary.headlines] == [f"{v.arm} vs {v.baseline}" for v in d.verdicts]
-    assert [h.verdict for h in summary.headlines] == [v.conclusion.upper() for v in d.verdicts]
+    assert [h.verdict for h in summary.headlines] == [v.label.verdict() for v in d.verdicts]
+    assert [h.verdict.split(":")[0] for h in summary.headlines] == [
+        "UNDECIDED", "UNDECIDED", "SHOWN DIFFERENT", "UNDECIDED", "UNDECIDED"]
     row = d.comparisons.set_index(["arm", "baseline"]).loc[("int4draft", "baseline")]
     h = next(h for h in summary.headlines if h.comparison == "int4draft vs baseline")
     assert h.figure == (f"steady_log_al {rv.fmt(row['variant_mean'])} vs {rv.fmt(row['baseline_mean'])} "
                         f"({row['delta_pct']:+.2f}%)")
-    # every sweep has every arm: the paired t over the per-sweep differences, named with its df
-    assert h.interval == (f"95% CI of delta [{row['ci_low_pct']:+.2f}%, {row['ci_high_pct']:+.2f}%], "
+    # every sweep has every arm: the paired t over the per-sweep differences, named with its df, and the margin
+    assert h.interval == (f"95% CI [{row['ci_low_pct']:+.2f}%, {row['ci_high_pct']:+.2f}%] vs margin \u00b11%; "
                           "paired t over 2 sweeps (df 1)")
-    # green/red: whether the conclusion is the one the params expected before the run
+    # the colour belongs to the expectation line: whether the label is the one the params expected
     expected = dict(zip(d.knob_verdicts["comparison"], d.knob_verdicts["as expected"], strict=True))
     assert [h.good for h in summary.headlines] == [expected[h.comparison] for h in summary.headlines]
+    assert h.expected == "expected different: no" and h.rule == "meets the stated rule: no"
+    assert "includes 0" in h.why and "sweeps" in h.why
     assert summary.evidence[:3] == ["2 sweeps per arm", "8 of 8 runs usable", "0 run(s) flagged by attribution"]
+    assert summary.short == f"fp32 vs baseline: {summary.headlines[0].verdict} (+4 more)"
 
 
 def test_knob_ab_ingest_counts_its_runs():
@@ -53,13 +58,16 @@ def test_config_flip_leads_with_the_collapse_and_output_equality():
     assert summary.question == ("Does flipping config.json:rope_parameters.rope_theta of smollm2-135m-instruct-fp8 "
                                 "(100000.0 vs 100.0) change draft acceptance?")
     collapse, outputs = summary.headlines
-    assert (collapse.comparison, collapse.verdict) == ("arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED")
+    # one server per arm, no run-to-run interval: the labels say what this run measured
+    assert (collapse.comparison, collapse.verdict) == ("arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED in this run")
+    assert collapse.interval.startswith("one server per arm: no run-to-run interval")
     # AL from the counters: 1 + 146/46 and 1 + 64/119; accepted per step = AL - 1
     assert collapse.figure == ("AL 1.538 vs 4.174; accepted per step 0.538 vs 3.17 (17% of best; "
                                "collapse at <= 25%)")
-    assert (outputs.verdict, outputs.good, outputs.figure) == ("EQUAL", True,
+    assert (outputs.verdict, outputs.good, outputs.figure) == ("EQUAL in this run", True,
                                                                "3 of 3 prompts equal under greedy decoding")
     assert summary.evidence[:3] == ["2 arms, one server each", "6 requests (0 failed)", "165 drafts counted"]
+    assert summary.short == "rope_theta 100.0 vs 100000.0: COLLAPSED in this run (AL 1.538 vs 4.174)"
 
 
 def test_cross_engine_leads_with_each_lanes_ratio_and_the_cells_behind_it():

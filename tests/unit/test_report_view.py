@@ -129,15 +129,29 @@ def test_criteria_list_marks_pass_fail_and_not_applicable():
     assert f"{rv.FAIL_MARK}</span> <b>tost</b>" in out and f"{rv.NA_MARK}</span> <b>sd</b>" in out
 
 
-def test_verdict_html_does_not_repeat_the_verdict_or_the_pass_word():
+def test_verdict_html_leads_with_the_label_and_does_not_repeat_it_or_the_pass_word():
     row = {"arm": "int4", "baseline": "baseline", "ci_low": -1.4, "ci_high": -1.0, "delta_pct": -25.0, "ci": 0.95,
-           "ci_df": 2.0, "ci_method": "Welch", "margin_pct": 1.0, "n_baseline": 3, "n_variant": 3,
-           "deterministic": False}
+           "ci_low_pct": -29.2, "ci_high_pct": -20.8, "baseline_mean": 4.8, "delta_se": 0.1, "ci_df": 2.0,
+           "ci_method": "Welch", "margin_pct": 1.0, "n_baseline": 3, "n_variant": 3, "deterministic": False}
     v = evaluate_difference(DecisionRule(), row)
     out = rv.verdict_html(v)
-    assert out.count("int4 vs baseline") == 1 and "DIFFERENT" in out
+    assert out.count("int4 vs baseline") == 1 and "int4 vs baseline: SHOWN DIFFERENT: -25.00%" in out
+    assert "95% CI [-29.20%, -20.80%] vs margin \u00b11%" in out and "meets the stated rule (different): yes" in out
     assert "PASS" not in out and "FAIL" not in out
     assert "<b>ci_excludes_zero</b>: 95% Welch t CI of delta [-1.4, -1] (df 2) excludes 0" in out
+
+
+def test_a_headline_with_an_expectation_colours_it_and_never_the_label():
+    s = rv.Summary("q?", [rv.Headline("a vs baseline", "UNDECIDED: ~3 more sweeps", False, "AL 4.5 vs 4.6 (-2.00%)",
+                                      "95% CI [-5.00%, +1.00%] vs margin \u00b11%", "expected equivalent: no",
+                                      "meets the stated rule: yes", "The 95% interval includes 0."),
+                          rv.Headline("b: throughput", "STILL GROWING in this run", None, "tok/s grows")])
+    out = rv.summary_html(s)
+    assert "<td class='sb-text sb-neutral'>UNDECIDED: ~3 more sweeps</td>" in out
+    assert "<td class='sb-text sb-bad'>expected equivalent: no</td>" in out
+    assert "<th class='sb-text'>stated before the run</th><th class='sb-text'>stated rule</th>" in out
+    assert "<td class='sb-text sb-why' colspan='5'>The 95% interval includes 0.</td>" in out
+    assert rv.short_clause(s.headlines) == "a vs baseline: UNDECIDED: ~3 more sweeps (+1 more)"
 
 
 def test_outline_nests_indented_lines():

@@ -30,20 +30,22 @@ def test_diff_shows_params_environment_and_headlines_side_by_side(tmp_path):
     b = make_run(tmp_path, "knob_ab", "b", started="2026-01-02T00:00:00+00:00")
     _with(a, params={"sweeps": 2, "workload": {"subset": 24}}, libraries={"torch": "2.13.0", "pandas": "2.2"})
     _with(b, params={"sweeps": 3, "workload": {"subset": 24}}, libraries={"torch": "2.14.0", "pandas": "2.2"})
-    rv.save_summary(rv.Summary("q", [rv.Headline("fp32 vs baseline", "EQUIVALENT", True, "AL 4.6 vs 4.6 (+0.1%)",
-                                                 "95% CI [-1%, +1%]")]), a / "summary.json")
-    rv.save_summary(rv.Summary("q", [rv.Headline("fp32 vs baseline", "NOT SHOWN EQUIVALENT", False,
+    rv.save_summary(rv.Summary("q", [rv.Headline("fp32 vs baseline", "SHOWN EQUIVALENT", True, "AL 4.6 vs 4.6 (+0.1%)",
+                                                 "95% CI [-0.8%, +0.9%] vs margin \u00b11%", "expected equivalent: yes",
+                                                 "meets the stated rule: yes")]), a / "summary.json")
+    rv.save_summary(rv.Summary("q", [rv.Headline("fp32 vs baseline", "UNDECIDED (no interval)", False,
                                                  "AL 4.5 vs 4.6 (-2.0%)")]), b / "summary.json")
     d = rundiff.diff_runs(a, b)
     assert d.params == [("sweeps", 2, 3)]
     assert d.environment == [("libraries.torch", "2.13.0", "2.14.0")]
-    assert d.headlines == [("fp32 vs baseline", "EQUIVALENT | AL 4.6 vs 4.6 (+0.1%) | 95% CI [-1%, +1%]",
-                            "NOT SHOWN EQUIVALENT | AL 4.5 vs 4.6 (-2.0%)")]
+    assert d.headlines == [("fp32 vs baseline", "SHOWN EQUIVALENT | AL 4.6 vs 4.6 (+0.1%) | 95% CI [-0.8%, +0.9%] "
+                            "vs margin \u00b11% | expected equivalent: yes | meets the stated rule: yes",
+                            "UNDECIDED (no interval) | AL 4.5 vs 4.6 (-2.0%)")]
     assert d.notes == []
     text = rundiff.diff_text(d)
     assert "  sweeps\n    A: 2\n    B: 3" in text and "libraries.torch" in text
     page = rundiff.diff_html(d)
-    assert "NOT SHOWN EQUIVALENT | AL 4.5 vs 4.6 (-2.0%)" in page and "https://" not in page
+    assert "UNDECIDED (no interval) | AL 4.5 vs 4.6 (-2.0%)" in page and "https://" not in page
 
 
 def test_diff_refuses_two_experiments_and_names_a_missing_manifest(tmp_path):

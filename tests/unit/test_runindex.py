@@ -45,6 +45,18 @@ def test_index_lists_every_run_newest_first_with_headline_and_link(tmp_path):
     assert not re.search(r"(src|href)=[\"']https?://", page)
 
 
+def test_the_index_headline_is_one_short_clause(tmp_path):
+    run = make_run(tmp_path, "config_flip", "r1", started="2026-01-01T10:00:00+00:00")
+    heads = [rv.Headline("arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED in this run", None, "AL 1.2 vs 4.6"),
+             rv.Headline("outputs across arms", "EQUAL in this run", None, "6 of 6 prompts equal")]
+    rv.save_summary(rv.Summary("q?", heads), run / "summary.json")
+    # a summary without its own short clause: the first headline and how many more
+    assert runindex.headline_text(run) == "arm1-100.0 vs arm0-100000.0 (best): COLLAPSED in this run (+1 more)"
+    rv.save_summary(rv.Summary("q?", heads, short="rope_theta 100.0 vs 100000.0: COLLAPSED in this run"),
+                    run / "summary.json")
+    assert runindex.headline_text(run) == "rope_theta 100.0 vs 100000.0: COLLAPSED in this run"
+
+
 def test_a_docs_reports_layout_one_level_down_is_listed(tmp_path):
     run = make_run(tmp_path, "x", "knob_ab-h200", started="2026-01-01T00:00:00+00:00")
     # docs/reports/<name>/ holds the run itself

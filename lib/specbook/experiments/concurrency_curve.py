@@ -5,6 +5,12 @@ its own measured window (counter snapshots around it, its own log intervals), th
 order drawn per sweep (the same order for every arm of that sweep, so arms meet the same warm-up and
 drift). Intervals are across sweeps: a level's figure per arm is the mean of its sweeps' windows.
 
+A knob's effect on AL is answered by one model over levels x arms (stats.effect_by_level on the per-sweep
+paired differences, the level a factor, the sweep a block): its overall effect with its interval, labelled by
+the book's vocabulary (specbook.verdicts) against `measurement.margin_pct`, and whether the effect depends on
+concurrency (the level x arm F test and the effect's log-linear trend over the levels measured, labelled the
+same way). Per-level deltas are estimates with their intervals, never labels.
+
 Unit of work: one (sweep, arm) server; its level rows, requests and log intervals are appended when
 it ends, so a failure later loses nothing measured before it (`specbook run --resume` re-runs the rest). Units
 run through `specbook.executors`: one after another, or as Ray tasks over a cluster's GPUs.
@@ -59,6 +65,9 @@ class CurveMeasurement(BaseModel):
         "token, exact), or its steady log intervals (running >= min_running_fraction x level)")
     min_running_fraction: float = Field(0.75, ge=0, le=1)
     ci: float = Field(0.95, gt=0, lt=1)
+    margin_pct: float = Field(
+        1.0, gt=0, description="equivalence margin for a knob's AL effect, +/- % of the baseline's mean AL: the "
+        "overall effect (and its change across the levels) is labelled against it (specbook.verdicts)")
 
 
 class ConcurrencyCurveParams(ExperimentParams):
@@ -290,7 +299,8 @@ def curve_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
 
 def delta_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
     """Each knob arm's AL and tok/s minus the baseline's at each level, paired by sweep (the same server
-    slot in the interleaved order, the same questions), with the t interval of the paired differences."""
+    slot in the interleaved order, the same questions), with the t interval of the paired differences: estimates
+    per level (the labelled answer is `effects_table`'s, over every level at once)."""
     rows = []
     base = windows[windows["arm"] == BASELINE]
     for arm in sorted(set(windows["arm"]) - {BASELINE}):
@@ -304,8 +314,43 @@ def delta_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
                 bmean = float(b.mean()) if len(b) else float("nan")
                 rows.append({"arm": arm, "level": int(level), "metric": label, "delta": mean,
                              "delta_pct": 100 * mean / bmean if bmean else float("nan"), "ci_low": lo,
-                             "ci_high": hi, "n_pairs": int(paired.size),
-                             "excludes_zero": bool(np.isfinite(lo) and (lo > 0 or hi < 0))})
+                             "ci_high": hi, "n_pairs": int(paired.size)})
+    return pd.DataFrame(rows)
+
+
+def effects_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
+    """Per knob arm, one model of its AL effect over all levels (stats.effect_by_level on the per-sweep paired
+    differences, sweep x level): the overall effect and its interval, absolute and in % of the baseline's mean
+    AL; the level x arm F test; the effect's change from the lowest level to the highest along its log2 trend,
+    with its interval. % figures are of the baseline's mean over the same windows."""
+    from specbook import stats
+
+    rows = []
+    base = windows[windows["arm"] == BASELINE]
+    levels = sorted(set(windows["level"]))
+    for arm in sorted(set(windows["arm"]) - {BASELINE}):
+        var = windows[windows["arm"] == arm]
+        b = base.pivot_table(index="sweep", columns="level", values="al").reindex(columns=levels)
+        v = var.pivot_table(index="sweep", columns="level", values="al").reindex(columns=levels)
+        sweeps = sorted(set(b.index) & set(v.index))
+        d = (v.loc[sweeps] - b.loc[sweeps]).to_numpy(dtype=float)
+        e = stats.effect_by_level(d, levels, ci)
+        whole = np.all(np.isfinite(d), axis=1) if len(d) else np.zeros(0, bool)
+        bmean = float(np.nanmean(b.loc[sweeps].to_numpy(dtype=float)[whole])) if whole.any() else float("nan")
+        pct = 100.0 / abs(bmean) if bmean else float("nan")
+        rows.append({
+            "arm": arm, "sweeps": e.n_blocks, "levels": len(levels), "baseline_al": bmean,
+            "effect": e.overall, "effect_low": e.overall_low, "effect_high": e.overall_high, "effect_df": e.overall_df,
+            "effect_se": e.overall_se, "effect_pct": e.overall * pct, "effect_low_pct": e.overall_low * pct,
+            "effect_high_pct": e.overall_high * pct,
+            "level_min_effect": float(np.min(e.level_means)) if e.n_blocks else float("nan"),
+            "level_max_effect": float(np.max(e.level_means)) if e.n_blocks else float("nan"),
+            "f_level": e.f, "f_df_level": e.f_df[0], "f_df_residual": e.f_df[1], "p_level": e.p_level,
+            "trend_per_doubling": e.trend, "change": e.trend * e.span, "change_low": e.trend_low * e.span,
+            "change_high": e.trend_high * e.span, "change_se": e.trend_se * e.span, "change_df": e.trend_df,
+            "change_pct": e.trend * e.span * pct, "change_low_pct": e.trend_low * e.span * pct,
+            "change_high_pct": e.trend_high * e.span * pct, "sweeps_left_out": e.dropped_blocks,
+        })
     return pd.DataFrame(rows)
 
 
@@ -336,49 +381,86 @@ class CurveResult:
         c = self.curve[self.curve["metric"] == metric]
         return c.pivot_table(index="level", columns="arm", values="mean")
 
-    def summary_lines(self) -> list[str]:
-        lines = []
-        for arm, level in self.saturation.items():
-            lines.append(f"{arm}: tok/s saturates at concurrency {level}" if level is not None
-                         else f"{arm}: tok/s still grows at the highest level measured")
-        for _, r in self.deltas[self.deltas["metric"] == "AL"].iterrows():
-            lines.append(f"{r['arm']} vs baseline at c={r['level']}: AL {r['delta']:+.3f} "
-                         f"({r['delta_pct']:+.1f}%), {self.ci_label} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] "
-                         f"over {r['n_pairs']} paired sweeps{'' if r['excludes_zero'] else ' (includes 0)'}")
-        return lines
-
     ci_label: str = "95% t interval"
     # per arm x place (node/GPU) its servers ran on (executors.placement), with the mean window tok/s
     placement: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per knob arm: its AL effect over every level in one model (effects_table)
+    effects: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def arms(self) -> list[str]:
+        """The arms, the baseline first (one colour each in every plot: plots.arm_palette)."""
+        return sorted(set(self.windows["arm"]), key=lambda a: (a != BASELINE, a)) if len(self.windows) else []
+
+    def labels(self, params: ConcurrencyCurveParams) -> dict[str, tuple[Any, Any]]:
+        """knob arm -> (label of its overall AL effect, label of its change across the levels), in % of the
+        baseline's mean AL against measurement.margin_pct (specbook.verdicts)."""
+        from specbook import verdicts
+
+        m, ci, out = params.measurement.margin_pct, params.measurement.ci, {}
+        for _, r in self.effects.iterrows():
+            pct = 100.0 / abs(r["baseline_al"])  # % of the baseline's mean AL
+            levels = int(r["levels"])
+            overall = verdicts.label(r["effect_pct"], r["effect_low_pct"], r["effect_high_pct"], m, level=ci,
+                                     se=abs(r["effect_se"] * pct), n=int(r["sweeps"]),
+                                     df_words="N - 1 (sweeps are the replicates)",
+                                     no_interval="" if r["sweeps"] >= 2 else "one sweep")
+            change = verdicts.label(r["change_pct"], r["change_low_pct"], r["change_high_pct"], m, level=ci,
+                                    se=abs(r["change_se"] * pct), n=int(r["sweeps"]),
+                                    df_at=lambda ns, k=levels: (ns - 1) * (k - 1), df_words="(N - 1)(levels - 1)",
+                                    no_interval="" if r["sweeps"] >= 2 and levels >= 2 else "one sweep or one level")
+            out[r["arm"]] = (overall, change)
+        return out
 
     def answer(self, params: ConcurrencyCurveParams) -> Any:
-        """The report's summary block: per knob, its AL effect at each level; per arm, where tok/s saturates."""
-        from specbook import report_view
+        """The report's summary block: per knob, its AL effect over all levels and whether it depends on
+        concurrency (labels from one model's intervals); per arm, where tok/s saturates in this run."""
+        from specbook import report_view, verdicts
 
         fmt, heads = report_view.fmt, []
         expect = {k.name: k.expect for k in params.knobs}
-        for _, r in self.deltas[self.deltas["metric"] == "AL"].sort_values(["arm", "level"]).iterrows():
-            moved = bool(r["excludes_zero"])
-            verdict = ("AL MOVED" if moved else "NOT SHOWN TO MOVE AL")
-            wanted = expect.get(r["arm"])
-            good = None if wanted in (None, "unknown") else (moved == (wanted == "different"))
+        lo_level, hi_level = min(params.levels), max(params.levels)
+        labels = self.labels(params)
+        for _, r in self.effects.iterrows():
+            overall, change = labels[r["arm"]]
+            n = int(r["sweeps"])
+            wanted = expect.get(r["arm"], "unknown")
             heads.append(report_view.Headline(
-                f"{r['arm']} vs baseline at concurrency {r['level']}", verdict, good,
-                f"AL {r['delta']:+.3f} ({r['delta_pct']:+.1f}%)",
-                f"{self.ci_label} [{fmt(r['ci_low'], 3)}, {fmt(r['ci_high'], 3)}] over {r['n_pairs']} paired sweeps"))
+                f"{r['arm']} vs baseline, all levels", overall.verdict(),
+                verdicts.expectation_met(wanted, overall.word),
+                f"AL {r['effect']:+.3f} ({report_view.signed_pct(r['effect_pct'])}) over levels {lo_level}-{hi_level}; "
+                f"per level from {r['level_min_effect']:+.3f} to {r['level_max_effect']:+.3f} (estimates)",
+                overall.interval_text(f"t over {n} sweep blocks (df {n - 1}), levels as a factor"),
+                verdicts.expectation_text(wanted, overall.word), "", overall.why()))
+            p = r["p_level"]
+            joint = (f"level x arm F({r['f_df_level']:g}, {r['f_df_residual']:g}) = {fmt(r['f_level'], 3)}, "
+                     f"p = {fmt(p, 3)}" if pd.notna(p) else "no joint test (one sweep or one level)")
+            heads.append(report_view.Headline(
+                f"{r['arm']}: change of its AL effect, c={lo_level} to c={hi_level}", change.verdict(), None,
+                f"the effect changes by {report_view.signed_pct(r['change_pct'])} of baseline AL from c={lo_level} "
+                f"to c={hi_level} along a log2 trend; {joint}",
+                change.interval_text(f"within sweep blocks (df {r['change_df']:g})"), "", "",
+                change.why() + (f" The joint test of any dependence on the level gives p = {fmt(p, 3)}."
+                                if pd.notna(p) else "")))
         for arm, level in self.saturation.items():
+            sweeps = int(self.windows.loc[self.windows["arm"] == arm, "sweep"].nunique())
             heads.append(report_view.Headline(
-                f"{arm}: throughput", f"SATURATES AT {level}" if level is not None else "STILL GROWING", None,
-                "tok/s grows < 5% per doubling of concurrency past this level" if level is not None
-                else f"tok/s still grows >= 5% per doubling at {max(params.levels)}"))
+                f"{arm}: throughput",
+                (f"SATURATES AT {level}" if level is not None else "STILL GROWING") + f" {verdicts.RUN_SCOPE}", None,
+                ("tok/s grows < 5% per doubling of concurrency past this level" if level is not None
+                 else f"tok/s still grows >= 5% per doubling at {hi_level}") + f" (means of {sweeps} sweeps)",
+                "no interval: read from the means of the sweeps"))
         w = self.windows
         return report_view.Summary(
             question=f"How do AL and throughput change with concurrency ({', '.join(map(str, params.levels))}), "
-                     f"and does each knob ({', '.join(expect) or 'none'}) move AL at every level?",
+                     f"and does each knob ({', '.join(expect) or 'none'}) move AL, and does its effect depend on "
+                     "concurrency?",
             headlines=heads,
             evidence=[f"{params.sweeps} sweeps x {w['arm'].nunique()} arms, a fresh server each",
                       f"{len(w)} level windows, {int(w['n_requests'].sum())} requests ({self.failed_requests} failed)",
-                      f"AL from {params.measurement.primary}", *self.notes])
+                      f"AL from {params.measurement.primary}",
+                      f"labels against \u00b1{params.measurement.margin_pct:g}% of the baseline's mean AL", *self.notes],
+            short=report_view.short_clause(heads))
 
 
 def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
@@ -402,8 +484,13 @@ def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
     if confined:
         notes.append(f"arm(s) {confined} ran on one GPU only while the run used several: a GPU-to-GPU difference "
                      "would sit in their curve (executor.assignment: spread avoids this)")
+    effects = effects_table(windows, ci)
+    for _, r in effects[effects["sweeps_left_out"] > 0].iterrows():
+        notes.append(f"{r['arm']}: {r['sweeps_left_out']} sweep(s) lack a level's AL in one arm and are left out "
+                     "of the model over levels")
     return CurveResult(windows, curve, deltas, saturation, orders, failed, notes,
-                       ci_label=f"{ci:.0%} t interval", placement=placement.placement_table(runs, "tok_s"))
+                       ci_label=f"{ci:.0%} t interval", placement=placement.placement_table(runs, "tok_s"),
+                       effects=effects)
 
 
 def load_params_file(path: str) -> ConcurrencyCurveParams:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from specbook import acceptance, categories, decision, report_view, request_failures, stats, steady
+from specbook import acceptance, categories, decision, report_view, request_failures, stats, steady, verdicts
 from specbook.arms import BASELINE
 from specbook.errors import ExperimentError
 from specbook.executors import placement
@@ -51,8 +51,9 @@ class SteadyReport:
             display(Markdown(f"Not applicable: {self.unavailable}."))
         return bool(self.unavailable)
 
-    def show(self) -> None:
-        """The rule, AL over time with each run's steady window, and the interval counts (report section)."""
+    def show(self, palette: dict[str, str] | None = None) -> None:
+        """The rule, AL over time with each run's steady window, and the interval counts (report section);
+        palette: the report's arm colours (plots.arm_palette)."""
         from IPython.display import Markdown, display
 
         from specbook import plots
@@ -60,17 +61,17 @@ class SteadyReport:
         if self._shown_unavailable():
             return
         display(Markdown(f"Rule: keep intervals with **{self.result.rule}**"))
-        plots.al_over_time(self.intervals, self.result.kept)
+        plots.al_over_time(self.intervals, self.result.kept, palette=palette)
         report_view.show_raw(self.result.counts, "intervals kept per run")
         report_view.show_raw(self.drop_reasons, "intervals dropped per run and phase")
 
-    def show_sensitivity(self) -> None:
+    def show_sensitivity(self, palette: dict[str, str] | None = None) -> None:
         from specbook import plots
 
         if self._shown_unavailable():
             return
         report_view.show_table(self.sensitivity_table, index=True)
-        plots.cut_sensitivity(self.sensitivity)
+        plots.cut_sensitivity(self.sensitivity, palette=palette)
 
     def show_crude(self) -> None:
         from IPython.display import Markdown, display
@@ -92,6 +93,8 @@ class DecisionReport:
     verdict_table: pd.DataFrame  # one row per (comparison, criterion)
     knob_verdicts: pd.DataFrame  # one row per comparison: expectation stated before the run vs conclusion
     interaction: pd.DataFrame | None
+    interaction_text: str = ""  # the interaction's label (specbook.verdicts) with A and B named, and why
+    vocabulary: str = ""  # how the labels read the intervals (verdict_vocabulary)
 
 
 @dataclass
@@ -114,6 +117,9 @@ class KnobABResult:
     category_delta: pd.DataFrame = field(default_factory=pd.DataFrame)  # per category: each arm vs baseline
     # per arm x place (node/GPU) the runs ran on (executors.placement): runs, slots, mean AL
     placement: pd.DataFrame = field(default_factory=pd.DataFrame)
+    intro: str = ""  # the report's opening paragraph: the design and the workload the params name
+    accuracy_lead: str = ""  # the accuracy section's first line: what it can judge, or that it cannot
+    arms: list[str] = field(default_factory=list)  # the arms in the params' order (one colour each in every plot)
 
     def answer(self, params: KnobABParams) -> report_view.Summary:
         """The report's summary block: each comparison's verdict with its delta and interval, and the evidence."""
@@ -129,26 +135,27 @@ class KnobABResult:
 
 
 def knob_ab_answer(result: KnobABResult, params: KnobABParams) -> report_view.Summary:
-    """Question, one headline per comparison (verdict, arm means and delta %, the delta's CI in %), evidence."""
+    """Question, one headline per comparison (its label from the delta's interval, arm means and delta %, the
+    interval against the margin; beside it whether the label is what the params expected and whether the stated
+    rule is met, and why), evidence."""
     d = result.decision
     cmp = d.comparisons.set_index(["arm", "baseline"]) if len(d.comparisons) else None
-    expected = {r["comparison"]: bool(r["as expected"]) for _, r in d.knob_verdicts.iterrows()}
+    expected = {r["comparison"]: r["expected (stated before the run)"] for _, r in d.knob_verdicts.iterrows()}
     heads = []
     for v in d.verdicts:
         name = f"{v.arm} vs {v.baseline}"
         row = cmp.loc[(v.arm, v.baseline)] if cmp is not None and (v.arm, v.baseline) in cmp.index else None
-        figure = interval = ""
+        figure = method = ""
         if row is not None:
             figure = (f"{d.value_col} {report_view.fmt(row['variant_mean'])} vs {report_view.fmt(row['baseline_mean'])}"
                       f" ({report_view.signed_pct(row['delta_pct'])})")
-            if not (pd.isna(row["ci_low_pct"]) and pd.isna(row["ci_high_pct"])):
-                bounds = f"[{report_view.signed_pct(row['ci_low_pct'])}, {report_view.signed_pct(row['ci_high_pct'])}]"
-                if row.get("paired", False):  # the method names its sweeps and df
-                    interval = f"{row['ci']:.0%} CI of delta {bounds}, {row['ci_method']}"
-                else:
-                    interval = (f"{row['ci']:.0%} Welch t CI of delta {bounds}"
-                                + (f" (df {row['ci_df']:.3g})" if pd.notna(row.get("ci_df")) else ""))
-        heads.append(report_view.Headline(name, v.conclusion.upper(), expected.get(name), figure, interval))
+            method = (row["ci_method"] if row.get("paired", False)  # the method names its sweeps and df
+                      else "Welch t" + (f" (df {row['ci_df']:.3g})" if pd.notna(row.get("ci_df")) else ""))
+        lab = v.label
+        wanted = expected.get(name, "")
+        heads.append(report_view.Headline(
+            name, lab.verdict(), verdicts.expectation_met(wanted, v.conclusion), figure, lab.interval_text(method),
+            verdicts.expectation_text(wanted, v.conclusion), verdicts.rule_text(v.meets_rule), lab.why()))
     run_al = d.run_al
     usable = int(run_al[d.value_col].notna().sum()) if d.value_col in run_al else 0
     per_arm = run_al.loc[run_al[d.value_col].notna()].groupby("arm").size() if usable else pd.Series(dtype=int)
@@ -162,7 +169,88 @@ def knob_ab_answer(result: KnobABResult, params: KnobABParams) -> report_view.Su
         evidence=[sweeps, f"{usable} of {len(result.runs)} runs usable",
                   f"{len(result.attribution.flagged)} run(s) flagged by attribution",
                   f"{len(result.notes)} note(s)" if result.notes else "no notes"],
+        short=report_view.short_clause(heads),
     )
+
+
+def verdict_vocabulary(rule: decision.DecisionRule) -> str:
+    """How a comparison's label reads its interval, and what the stated rule is beside it (the report's words)."""
+    m, level = f"\u00b1{rule.tost_margin_pct:g}%", f"{1 - rule.alpha:.0%}"
+    return (f"Each label reads the delta's {level} interval (in % of the baseline mean) against the margin {m}: "
+            f"SHOWN EQUIVALENT when the whole interval lies inside {m}; SMALL REAL CHANGE, INSIDE THE MARGIN when it "
+            f"also excludes 0; SHOWN DIFFERENT when it excludes 0 and reaches beyond {m}; UNDECIDED otherwise, with "
+            "the sweeps its observed noise would need. The stated rule below judges the point estimate; its "
+            "outcome is its own line (meets the stated rule: yes / no), and whether a label is what the params "
+            "expected before the run is a third.")
+
+
+def workload_text(params: KnobABParams) -> str:
+    """The workload the params name, in words: what every arm of a sweep serves."""
+    if params.mode == "ingest":
+        return "existing server logs (ingest mode: no requests were sent by this run)"
+    w = params.workload
+    fresh = "drawn afresh each sweep" if w.resample_per_sweep else "the same in every sweep"
+    sent = f"{w.concurrency} requests in flight, at most {w.max_tokens} tokens each"
+    if w.dataset == "spec_bench":
+        each = "all questions" if w.per_category is None else f"{w.per_category} questions"
+        mt = ", MT-Bench as two turns" if w.turns == 2 and "mt_bench" in w.categories else ""
+        return (f"Spec-Bench, {len(w.categories)} task group(s) ({', '.join(w.categories)}), {each} per group "
+                f"({fresh}){mt}, each group in its own window; {sent}")
+    if w.dataset == "gsm8k":
+        qs = "every test question" if w.subset is None else f"{w.subset} test questions"
+        return f"GSM8K {w.shots}-shot chat, {qs} ({fresh}); {sent}"
+    source = w.path or w.hub_id
+    qs = "every prompt" if w.subset is None else f"{w.subset} prompts per category"
+    return f"prompts from {source} ({qs}, {fresh}); {sent}"
+
+
+def intro_text(params: KnobABParams) -> str:
+    """The report's opening paragraph, following the params (their workload, mode and arms)."""
+    if params.mode == "ingest":
+        how = ("Each run is one existing server log, attributed to the arm its recorded environment names; "
+               "no server was launched.")
+    else:
+        how = ("Each arm is the baseline server with some knobs switched on. Every sweep starts a fresh server per "
+               "arm, in an interleaved order, and every arm of a sweep serves the same requests.")
+    return (f"{how} Workload: {workload_text(params)}. Acceptance length (AL) counts the bonus token: "
+            "AL = 1 + accepted / drafts. The decision rule below was fixed in the params file before any data was "
+            "seen.")
+
+
+def accuracy_lead(accuracy: pd.DataFrame, reason: str, params: KnobABParams) -> str:
+    """The accuracy section's first line: that it cannot judge (no reference answers, no graded request), or
+    what it measures and the smallest change its counts could show."""
+    if not len(accuracy):
+        return f"**This section cannot judge accuracy.** {reason}"
+    per_arm = int(accuracy["total"].min())
+    half = float(((accuracy["wilson_high"] - accuracy["wilson_low"]) / 2).max())
+    return (f"{params.workload.dataset.upper() if params.workload.dataset == 'gsm8k' else params.workload.dataset} "
+            f"exact-answer accuracy per arm, counts pooled over sweeps, with the per-sweep spread. With {per_arm} "
+            f"graded answers per arm (fewest), each arm's {accuracy['ci'].iloc[0]:.0%} Wilson interval is up to "
+            f"\u00b1{100 * half:.0f} points wide: a change in accuracy smaller than that cannot be seen here. Under "
+            "greedy decoding speculation is lossless, so accuracy moves only with the target's numerics (e.g. "
+            "--dtype).")
+
+
+def interaction_text(inter: stats.InteractionResult, rule: decision.DecisionRule) -> str:
+    """The interaction's label (specbook.verdicts) in % of the baseline mean, A and B named, with why."""
+    from scipy import stats as sps
+
+    a, b, ab, base = inter.arms
+    scale = 100.0 / abs(inter.baseline_mean) if inter.baseline_mean else float("nan")
+    est, lo, hi = inter.interaction * scale, inter.ci_low * scale, inter.ci_high * scale
+    paired = inter.method.startswith("paired t")
+    se = ((hi - lo) / 2 / float(sps.t.ppf(0.5 + inter.ci / 2, inter.df))
+          if paired and pd.notna(lo) and pd.notna(inter.df) and inter.df > 0 else None)
+    if pd.notna(lo) and pd.notna(hi):
+        lo, hi = min(lo, hi), max(lo, hi)
+    lab = verdicts.label(est, lo, hi, rule.tost_margin_pct, level=inter.ci, se=se,
+                         n=int(round(inter.df)) + 1 if se is not None else None,
+                         no_interval="" if pd.notna(lo) else inter.method)
+    return (f"A = {a}, B = {b}, A+B = {ab}: interaction ({ab} - {b}) - ({a} - {base}) "
+            f"{report_view.signed_pct(est)} of the baseline mean, **{lab.verdict()}** "
+            f"({lab.interval_text(stats.method_label(inter.method, inter.df))}). {lab.why()} Inside the margin the "
+            "two knobs' effects add up; excluding 0 they do not.")
 
 
 def knobs_table(params: KnobABParams) -> pd.DataFrame:
@@ -254,12 +342,21 @@ def server_minutes(runs: pd.DataFrame) -> float:
 
 
 def adaptive_sweeps_note(looks: list[dict], runs: pd.DataFrame) -> str:
-    """What the group-sequential stopping rule decided, after how many sweeps, at what server cost."""
+    """What the group-sequential stopping rule decided, after how many sweeps, at what server cost; the looks'
+    words in the book's vocabulary (sequential.look_word reads what older runs recorded)."""
+    from specbook.sequential import UNDECIDED, look_word
+
     last = looks[-1]
-    per = "; ".join(f"{c['arm']}: {c['decision']}" for c in last.get("comparisons", []))
+
+    def word(recorded: str) -> str:
+        w = look_word(recorded)
+        return f"{w} at sweeps_max" if w == UNDECIDED else w
+
+    per = "; ".join(f"{c['arm']}: {word(c['decision'])}" for c in last.get("comparisons", []))
     return (f"adaptive sweeps ({last['sweeps_min']}..{last['sweeps_max']}): after {last['sweeps']} sweeps the "
             f"group-sequential rule ({last['method']}, {last['spending']} alpha spending, alpha {last['alpha']:g}) "
-            f"said {last['decision']!r} ({per}) in {len(looks)} look(s); {server_minutes(runs):.1f} server-minutes")
+            f"said {word(last['decision'])!r} ({per}) in {len(looks)} look(s); {server_minutes(runs):.1f} "
+            "server-minutes")
 
 
 def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
@@ -352,18 +449,19 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
 
     rule = params.decision
     arm_summary = stats.arm_table(valued, "arm", value_col)
-    comparisons, verdicts = _judge(valued, value_col, BASELINE, rule, params)
-    knob_verdicts, knob_cmp = _knob_effects(valued, value_col, rule, params)
-    verdicts_all = verdicts + [v for v in knob_verdicts]
+    comparisons, judged = _judge(valued, value_col, BASELINE, rule, params)
+    knob_judged, knob_cmp = _knob_effects(valued, value_col, rule, params)
+    verdicts_all = judged + list(knob_judged)
     comparisons = pd.concat([comparisons, knob_cmp], ignore_index=True) if len(knob_cmp) else comparisons
 
-    interaction = None
+    interaction, inter_text = None, ""
     if params.crossed and len(params.knobs) == 2:
         a, b = (k.name for k in params.knobs)
         arms_present = set(valued["arm"])
         if {BASELINE, a, b, f"{a}+{b}"} <= arms_present:
-            interaction = stats.interaction_2x2(valued, "arm", value_col, a, b, f"{a}+{b}", BASELINE,
-                                                ci=1 - rule.alpha, sweep_col="sweep").to_frame()
+            inter = stats.interaction_2x2(valued, "arm", value_col, a, b, f"{a}+{b}", BASELINE,
+                                          ci=1 - rule.alpha, sweep_col="sweep")
+            interaction, inter_text = inter.to_frame(), interaction_text(inter, rule)
     elif params.crossed and len(params.knobs) > 2:
         notes.append("interaction is reported for two crossed knobs only")
 
@@ -377,6 +475,8 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
     accuracy_why = "" if len(accuracy) else no_accuracy_reason(params, graded="correct" in valued)
+    planned = [a.name for a in params.arms()]
+    arms = [a for a in planned if a in set(valued["arm"])] + sorted(set(valued["arm"]) - set(planned))
     placed = valued.merge(runs[[c for c in ("run_id", "gpu", "slot") if c in runs]], on="run_id", how="left")
     confined = placement.confined_arms(placed)
     if confined:
@@ -392,7 +492,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
                             steady.explain_crude_cut_bias(), intervals_with_arm(iv, arm_of), no_cut),
         decision=DecisionReport(rule.describe(), value_col, run_al, arm_summary, comparisons, verdicts_all,
                                 decision.verdict_table(verdicts_all), _knob_verdict_summary(verdicts_all, params),
-                                interaction),
+                                interaction, inter_text, verdict_vocabulary(rule)),
         accuracy=accuracy,
         per_position=per_pos,
         per_position_table=per_position_table(per_pos),
@@ -403,6 +503,9 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         category_al=category_al,
         category_delta=category_delta,
         placement=placement.placement_table(placed, value_col),
+        intro=intro_text(params),
+        accuracy_lead=accuracy_lead(accuracy, accuracy_why, params),
+        arms=arms,
     )
 
 
@@ -439,7 +542,7 @@ def _knob_effects(df, value_col, rule, params):
     if not params.crossed:
         return [], pd.DataFrame()
     arms = set(df["arm"])
-    verdicts, frames = [], []
+    judged, frames = [], []
     for knob in params.knobs:
         for arm in sorted(arms):
             parts = arm.split("+")
@@ -451,14 +554,16 @@ def _knob_effects(df, value_col, rule, params):
                 continue
             rows, vs = _judge(df, value_col, other, rule, params, arms=[arm], label=knob.name)
             frames.append(rows)
-            verdicts.extend(vs)
-    return verdicts, (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+            judged.extend(vs)
+    return judged, (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
 
 
-def _knob_verdict_summary(verdicts, params: KnobABParams) -> pd.DataFrame:
-    """One line per comparison: knob expectation (stated before the run), conclusion, and whether they agree."""
+def _knob_verdict_summary(judged, params: KnobABParams) -> pd.DataFrame:
+    """One line per comparison: knob expectation (stated before the run), the label (conclusion), whether the
+    label is what was expected (a knob expected neutral: inside the margin; a positive control: shown
+    different), and the stated rule's outcome."""
     rows = []
-    for v in verdicts:
+    for v in judged:
         changed = [k for k in v.arm.split("+") if k not in v.baseline.split("+")]
         knob = "+".join(changed)
         expect = _expectation_of(knob, params)
@@ -469,7 +574,8 @@ def _knob_verdict_summary(verdicts, params: KnobABParams) -> pd.DataFrame:
             "expected (stated before the run)": expect,
             "judged as": v.kind,
             "conclusion": got,
-            "as expected": got == expect,
+            "as expected": bool(verdicts.expectation_met(expect, got)),
+            "meets the stated rule": v.meets_rule,
             "deterministic": v.deterministic,
         })
     return pd.DataFrame(rows)
