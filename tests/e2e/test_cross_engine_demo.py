@@ -1,8 +1,8 @@
 """The cross-engine demo end to end, reduced: `specbook run cross_engine` with llama.cpp vs vLLM-CPU.
 
-Reduced via -p: the loop prompt and one ordinary prompt, speculation off and the int4 draft, one warm
-repeat; the untimed trace pass (draft lane), equal-work re-runs (cells that need one) and the profiled pass
-(draft lane only) as the demo params switch them on. Run under the shared engine lock:
+Reduced via -p: the loop prompt and two ordinary prompts, speculation off and the int4 draft, one warm
+repeat, 64 tokens (so a cell is timed from 32 common tokens); the untimed trace pass (draft lane), equal-work
+re-runs (cells that need one) and the profiled pass (draft lane only) as the demo params switch them on. Run under the shared engine lock:
 `flock /tmp/specbook-engine.lock .venv/bin/pytest -m e2e`.
 """
 
@@ -26,8 +26,9 @@ LANES = '[{name: "off"}, {name: draft-int4, speculative_config: {method: draft_m
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    return run_book("cross_engine", DEMO, ["num_prompts=2", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}",
-                                           "cost_split.lanes=[draft-int4]"], outputs, timeout=1200)
+    return run_book("cross_engine", DEMO, ["num_prompts=3", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}",
+                                           "cost_split.lanes=[draft-int4]", "timing.min_common_tokens=32"],
+                    outputs, timeout=1500)
 
 
 def test_run_folder_holds_report_data_and_both_engines_logs(demo_run):
@@ -102,7 +103,31 @@ def test_equal_work_headline_stands_beside_the_strict_one_and_the_cost_split_is_
     assert equal["left_out"].str.contains("yes-loop").all()  # loops stay out of both
     split = result.cost_split
     assert sorted(split["engine"]) == ["llamacpp", "vllm"] and set(split["lane"]) == {"draft-int4"}
-    assert set(split["source"]) == {"profiler", "engine_log"} and (split["step_ms"] > 0).all()
+    assert set(split["source"]) == {"step_timer", "engine_log"} and (split["step_ms"] > 0).all()
+    vllm = split.set_index("engine").loc["vllm"]
+    # the step timer on vLLM-CPU: wall-clock timers around each part, its own overhead against the same server
+    assert vllm["target_forward_ms"] > 0 and vllm["draft_ms"] > 0 and vllm["overhead"] > 0
+    assert "wall-clock timers" in vllm["note"]
+    scaled = result.cost_split_scaled
+    assert set(scaled["engine"]) == {"llamacpp", "vllm"} and scaled["scaled_ms"].notna().all()
     html = (demo_run / "report.html").read_text()
-    assert "Equal-work headline" in html and "Per-step cost split" in html
-    assert "usable cells per lane (strict / with equal work)" in html
+    assert "Equal-work re-runs" in html and "Per-step cost split" in html
+
+
+def test_the_report_opens_with_decode_rate_and_ttft_per_lane_on_equal_work(demo_run):
+    params, result = _result(demo_run)
+    summary = result.answer(params)
+    assert [h.comparison for h in summary.headlines][:4] == ["lane off: decode rate", "lane draft-int4: decode rate",
+                                                            "lane off: TTFT", "lane draft-int4: TTFT"]
+    assert all(h.why for h in summary.headlines)
+    cells = result.decode_cells
+    timed = cells[cells["timed"]]
+    assert len(timed), cells[["lane", "prompt", "why_not_timed"]]
+    assert (timed["common_tokens"] >= 32).all() and (timed["prompt"] != "yes-loop").all()
+    assert (timed[["ours_decode_wall_s", "oracle_decode_wall_s"]] >= params.timing.min_timed_wall_s).all().all()
+    assert (cells.loc[~cells["timed"], "why_not_timed"] != "").all()
+    assert (timed["ours_words"] != "").all() and (timed["oracle_words"] != "").all()
+    html = (demo_run / "report.html").read_text()
+    first = html.split('<h2 id="Decode-rate-on-equal-work"')[0]  # what the reader sees before the first section
+    assert "lane off: decode rate" in first and "The timed cells: the first words of both outputs" in first
+    assert "Why: " in first and "Contents: " in first

@@ -306,6 +306,9 @@ def _equal_work_cells() -> dict:
 def test_equal_work_re_runs_diverged_cells_on_their_common_prefix_and_never_loops(demo):
     params = ce.CrossEngineParams.model_validate(demo)
     data = _data(_equal_work_cells())
+    # 40 common tokens are fewer than the 64 a cell needs to be timed: not re-run at the default
+    assert ce.equal_work_plan(data, params) == {}
+    params = ce.CrossEngineParams.model_validate({**demo, "timing": {"min_common_tokens": 32}})
     plan = ce.equal_work_plan(data, params)
     assert list(plan) == ["off"] and [(c.prompt, c.tokens) for c in plan["off"]] == [("parted", 40)]
     req = equalwork.equal_work_request(ce.build_request(params, params.prompts[1].request()), plan["off"][0].ours,
@@ -332,8 +335,14 @@ def test_equal_work_headline_stands_beside_the_strict_one_and_counts_usable_cell
     assert (usable["strict_usable"], usable["equal_work_usable"], usable["re_run_usable"]) == (1, 2, "parted")
     assert usable["not_usable"].startswith("loop: ") and "degenerate" in usable["not_usable"]
     summary = result.answer(params)
-    assert [h.comparison for h in summary.headlines] == ["lane off", "lane off (equal work)"]
-    assert "usable cells per lane (strict / with equal work): off 1/2 of 3" in summary.evidence
+    assert [h.comparison for h in summary.headlines] == ["lane off: decode rate", "lane off: TTFT"]
+    decode = result.decode_cells.set_index("prompt")
+    assert decode.loc["same", "timed"] and decode.loc["same", "source"] == "timed requests"
+    # the re-run gives equal work, but 40 common tokens are short of the 64 a timed cell needs
+    assert decode.loc["parted", "source"] == "equal-work re-run"
+    assert decode.loc["parted", "why_not_timed"] == "40 common tokens < 64"
+    assert decode.loc["loop", "why_not_timed"] == "a loop (degenerate output)"
+    assert summary.evidence[0].startswith("3 cells (1 lane x 3 prompts); timed: off 1 (>= 64 common tokens")
 
 
 def test_runs_without_the_optional_passes_analyse_as_before(tmp_path):
@@ -347,7 +356,9 @@ def test_runs_without_the_optional_passes_analyse_as_before(tmp_path):
     result = ce.analyze(data, old_params)
     assert result.trace_agreement.empty and result.equal_work_headline.empty and result.cost_split.empty
     assert result.proposals_note == ce.PROPOSALS_NOTE
-    assert result.answer(old_params).evidence[-2] == "usable cells per lane: off 1 of 1, ngram 1 of 1"
+    evidence = result.answer(old_params).evidence
+    assert evidence[0].startswith("2 cells (2 lanes x 1 prompt); timed: off 1, ngram 1")
+    assert evidence[-2] == "every pin matched" and evidence[-1].startswith("set-ups differ in")
     # with equal work on but no cell to re-run, the second headline is the strict one, labelled as such
     with_equal = ce.analyze(data, load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"]))
     pd.testing.assert_series_equal(with_equal.equal_work_headline["ratio"], with_equal.headline["ratio"])
