@@ -523,3 +523,65 @@ def test_categories_come_from_the_requests_and_the_note_says_what_was_drawn(demo
     old = _data({("off", "hello-loop", s): (text, 50.0) for s in ("ours", "oracle")})
     assert ce.category_of(old, params) == {"hello-loop": "loop-trap", "letter-loop": "loop-trap",
                                            "count-up": "counting"}
+
+
+class _Window:
+    """What Server.measure returns, as far as a cell's collection reads it (records, counters, log lines)."""
+
+    def __init__(self, records, accepted: float):
+        from specbook.acceptance import Acceptance
+
+        self.records, self.acceptance = records, Acceptance(source="counters", drafts=10.0, draft_tokens=40.0,
+                                                            accepted_tokens=accepted)
+
+    def requests_frame(self):
+        from specbook.client import records_frame
+
+        return records_frame(self.records)
+
+
+class _Server:
+    """Answers each request in `decode_s` after a 10 ms first token; counts the windows it was asked for."""
+
+    def __init__(self, decode_s: float):
+        self.decode_s, self.windows = decode_s, []
+
+    def measure(self, requests, *, concurrency=1):
+        from specbook.client import RequestRecord
+
+        assert concurrency == 1
+        self.windows.append([r.prompt_id for r in requests])
+        return _Window([RequestRecord(prompt_id=r.prompt_id, completion_tokens=33, ttft_s=0.01,
+                                      wall_s=0.01 + self.decode_s, output_text="a b c") for r in requests], 15.0)
+
+
+def test_a_cell_side_gets_more_repeats_until_its_decode_wall_can_be_timed(demo):
+    params = ce.CrossEngineParams.model_validate(demo)
+    prompt = params.prompts[1].request()
+    fast = _Server(decode_s=0.05)  # 3 repeats: 0.15 s of decode wall, short of 0.25 s
+
+    def build(i):
+        return ce.build_request(params, prompt, repeat=i)
+
+    windows = ce.measure_cell(fast, build, 3, params.timing)
+    assert fast.windows == [["capital#0", "capital#1", "capital#2"], ["capital#3", "capital#4", "capital#5"]]
+    frame = ce._windows_frame(windows, "oracle", "vllm", "off", "capital", tokenizer=_Words())
+    assert list(frame["repeat"]) == [0, 1, 2, 3, 4, 5] and list(frame["prompt_id"])[-1] == "capital#5"
+    row = ce._cell_row("oracle", "vllm", "off", "capital", windows, {})
+    assert (row["drafts"], row["accepted_tokens"]) == (20.0, 30.0)  # both windows' counters, summed
+    slow = _Server(decode_s=0.2)
+    assert len(ce.measure_cell(slow, build, 3, params.timing)) == 1 and len(slow.windows) == 1
+    capped = _Server(decode_s=0.001)
+    ce.measure_cell(capped, build, 3, params.timing.model_copy(update={"max_warm_repeats": 5}))
+    assert [len(w) for w in capped.windows] == [3, 2]
+
+
+class _Words:
+    def encode(self, text, add_special_tokens=False):
+        return [len(w) for w in text.split()]
+
+
+def test_max_warm_repeats_below_the_repeats_every_cell_gets_is_refused(tmp_path, demo):
+    demo["timing"] = {"max_warm_repeats": 2}
+    with pytest.raises(ParamsError, match=r"timing.max_warm_repeats \(2\) is below the repeats every cell gets"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, demo))

@@ -219,6 +219,11 @@ def test_the_lane_why_is_tokens_per_step_over_time_per_step():
         "2.08 vs 6.16 ms per step")
     assert t.lane_why(h, {"ours": 2.0, "oracle": 1.5}, labels, "ngram").startswith(
         "llamacpp emits more tokens per step and its steps are shorter")
+    # the faster side may take longer per step and still decode faster, on more tokens per step
+    slow_steps = pd.Series({"ours_itl_token_ms": 204.0, "oracle_itl_token_ms": 94.0})
+    assert t.lane_why(slow_steps, {"ours": 2.33, "oracle": 7.0}, labels, "draft") == (
+        "vllm's steps are longer, but it emits enough more tokens per step to decode faster: 2.33 vs 7.00 tokens "
+        "per step, 475 vs 658 ms per step")
     assert t.lane_why(h, {}, labels, "ngram") == "llamacpp spends less time per decoded token: 1.76 vs 4.28 ms"
 
 

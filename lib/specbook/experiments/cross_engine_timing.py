@@ -424,11 +424,16 @@ def lane_why(h: Any, per_step: dict[str, float], labels: dict[str, str], lane: s
     na, nb = per_step.get("ours", math.nan), per_step.get("oracle", math.nan)
     if not (na == na and nb == nb):
         return f"{faster} spends less time per decoded token: {ta:.3g} vs {tb:.3g} ms"
-    steps = f"{na:.2f} vs {nb:.2f} tokens per step, {ta * na:.3g} vs {tb * nb:.3g} ms per step"
-    more = a if na > nb else b
-    if more == faster:
+    step_a, step_b = ta * na, tb * nb
+    steps = f"{na:.2f} vs {nb:.2f} tokens per step, {step_a:.3g} vs {step_b:.3g} ms per step"
+    other = b if faster == a else a
+    more_tokens = (na > nb) == (faster == a)  # the faster side emits more tokens per step
+    shorter = (step_a < step_b) == (faster == a)  # the faster side's steps are shorter
+    if more_tokens and shorter:
         return f"{faster} emits more tokens per step and its steps are shorter: {steps}"
-    return f"{more} emits more tokens per step, but {faster}'s steps are shorter: {steps}"
+    if more_tokens:
+        return f"{faster}'s steps are longer, but it emits enough more tokens per step to decode faster: {steps}"
+    return f"{other} emits more tokens per step, but {faster}'s steps are shorter: {steps}"
 
 
 def ttft_why(h: Any, labels: dict[str, str], setup_diffs: list[str], prompt_tokens: float) -> str:
@@ -477,5 +482,5 @@ def timing_note(cells: pd.DataFrame, spec: TimingSpec) -> str:
     reps = pd.concat([t["ours_repeats"], t["oracle_repeats"]]).astype(int)
     walls = pd.concat([t["ours_decode_wall_s"], t["oracle_decode_wall_s"]]).astype(float)
     rep = f"{reps.min()}" if reps.min() == reps.max() else f"{reps.min()} to {reps.max()}"
-    return (f"{rep} timed repeats a side per timed cell; decode walls {walls.min():.2f} to {walls.max():.2f} s a "
+    return (f"{rep} timed repeat{'s' if reps.max() != 1 else ''} a side per timed cell; decode walls {walls.min():.2f} to {walls.max():.2f} s a "
             f"side (minimum {spec.min_timed_wall_s:g} s)")
