@@ -1,13 +1,17 @@
 """Per-step cost split: mean ms per decode step split into target forward, draft, sampling and rest.
 
-One split per engine x lane, from a separate profiled pass (never from a timed window: profiling slows
-a server down, and `overhead` says by how much):
+One split per engine x lane, from a separate profiled pass (never from a timed window: an instrument slows
+a server down, and `overhead` says by how much; `scaled_splits` scales the measured parts to the step time
+of the timed, uninstrumented requests):
 
     split = costsplit.profiled_pass(server_cfg, requests, run, name="prof-vllm-draft", lane="draft-int4")
     frame = costsplit.splits_frame([split, ...])   # plots.cost_split_bars(frame)
 
 Where each figure comes from (`source`):
-- "profiler": vLLM's own torch profiler (engines/vllm/profile.py): every part measured.
+- "step_timer": specbook's step timer in vLLM's processes (engines/vllm/profile.py, trace_plugin.py): the
+  target's forward, the draft and the sampling timed with CUDA events (wall clock on vLLM-CPU), graphs on.
+- "profiler": vLLM's torch profiler, as runs made before the step timer recorded it (their host timeline
+  holds no forward for a CUDA-graph replay: `split_notes` says so where a split shows it).
 - "engine_log": llama-server's timings and speculative statistics at debug verbosity
   (engines/llamacpp/perf.py): the draft's calls are measured, the target's forward is not told apart
   from the host work around it (`target_and_rest`).
@@ -45,7 +49,8 @@ PART_LABELS = {
     "target_and_rest": "target forward + host (not told apart)",
     "spec_overhead": "speculation overhead (derived)",
 }
-SOURCES = ("profiler", "engine_log", "derived")
+SOURCES = ("step_timer", "profiler", "engine_log", "derived")
+OFF_LANE = "off"
 PROFILES_DIR = "profiles"  # run_dir/profiles/NAME: a profiled pass's traces
 
 
@@ -137,3 +142,76 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
     overhead = math.nan if profiler.PROFILES_WHOLE_SERVER or unprofiled <= 0 else profiled / unprofiled
     return CostSplit(engine_label or server_cfg.engine, lane, split.source, split.steps, split.step_ms,
                      split.parts_ms, split.tokens_per_step, overhead=overhead, note=split.note)
+
+
+# --------------------------------------------------------------------------------------------------
+# reading a split: scaled to the timed step, parts out of proportion, what a source cannot see
+
+
+def step_ms_of(decode_wall_s: float, decode_tokens: float, accepted_tokens: float) -> float:
+    """ms per decode step of timed requests: each step emits its accepted drafts and one token of the target's,
+    so decode tokens - accepted drafts = steps."""
+    steps = decode_tokens - accepted_tokens
+    return 1000.0 * decode_wall_s / steps if steps > 0 and decode_wall_s == decode_wall_s else math.nan
+
+
+def scaled_splits(splits: pd.DataFrame, timed_step_ms: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """Per engine x lane x part: the part as measured in the profiled pass and scaled to the step time of the
+    timed, uninstrumented requests (`timed_step_ms`, by (engine, lane)): measured x timed step / measured step.
+    Columns: engine, lane, source, part, measured_ms, scaled_ms, share (of the measured step)."""
+    import pandas as pd
+
+    rows = []
+    for r in splits.itertuples(index=False):
+        timed = timed_step_ms.get((r.engine, r.lane), math.nan)
+        scale = timed / r.step_ms if r.step_ms and timed == timed else math.nan
+        for part in PARTS:
+            ms = getattr(r, f"{part}_ms")
+            if ms != ms:
+                continue
+            rows.append({"engine": r.engine, "lane": r.lane, "source": r.source, "part": PART_LABELS[part],
+                         "measured_ms": ms, "scaled_ms": ms * scale, "share": ms / r.step_ms if r.step_ms else math.nan})
+        rows.append({"engine": r.engine, "lane": r.lane, "source": r.source, "part": "step (all parts)",
+                     "measured_ms": r.step_ms, "scaled_ms": timed, "share": 1.0})
+    return pd.DataFrame(rows, columns=["engine", "lane", "source", "part", "measured_ms", "scaled_ms", "share"])
+
+
+def out_of_proportion(splits: pd.DataFrame) -> list[str]:
+    """Parts out of proportion: a draft dearer per drafted token than one forward of its target (the target's
+    forward where the source times it, else the same engine's spec-off step: target and host, one token)."""
+    notes = []
+    for r in splits.itertuples(index=False):
+        drafted = r.tokens_per_step - 1 if r.tokens_per_step == r.tokens_per_step else math.nan
+        if not (r.draft_ms == r.draft_ms and drafted == drafted and drafted > 0 and r.draft_ms > 0):
+            continue
+        per_token = r.draft_ms / drafted
+        if r.target_forward_ms == r.target_forward_ms and r.target_forward_ms > 0:
+            target, what = r.target_forward_ms, "per target forward (all tokens of the step in one)"
+        else:
+            off = splits[(splits["engine"] == r.engine) & (splits["lane"] == OFF_LANE)]
+            if off.empty:
+                continue
+            target, what = float(off["step_ms"].iloc[0]), "per spec-off step (target forward and host, one token)"
+        if per_token > target:
+            notes.append(f"{r.engine} {r.lane}: the draft is dearer per token than its target: {per_token:.3g} ms "
+                         f"per drafted token ({r.draft_ms:.3g} ms for {drafted:.2g} tokens a step) vs {target:.3g} ms "
+                         f"{what}")
+    return notes
+
+
+def split_notes(splits: pd.DataFrame) -> list[str]:
+    """What a reader must know before reading the bars: a profiler split that could not see CUDA-graph replays
+    (target forward 0 where the step ran a target), the profiler's own slowdown, and parts out of proportion."""
+    notes = []
+    prof = splits[splits["source"] == "profiler"]
+    if len(prof):
+        blind = prof[(prof["target_forward_ms"] == 0) & prof["note"].str.contains("cpu timeline", regex=False)]
+        lo, hi = prof["overhead"].min(), prof["overhead"].max()
+        slow = (f"{lo:.2f}-{hi:.2f}x" if lo != hi else f"{lo:.2f}x") if lo == lo else "an unmeasured"
+        lanes = ", ".join(f"{r.engine} {r.lane}" for r in blind.itertuples(index=False))
+        notes.append("This run's vLLM split comes from the torch profiler: "
+                     + (f"its host timeline holds no forward for a CUDA-graph replay, so {lanes} reads target forward 0 "
+                        "and the whole step as rest; " if len(blind) else "")
+                     + f"its measured bars carry the profiler's own {slow} slowdown (the scaled column divides it "
+                     "out); runs since time the forwards with CUDA events (specbook's step timer).")
+    return notes + out_of_proportion(splits)

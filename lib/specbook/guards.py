@@ -2,12 +2,14 @@
 
 A speed ratio between two engines means something only if both produced the same kind of output:
 a loop is trivially draftable, and 84 tokens of reasoning are not 128 tokens of loop. Every check
-here is a pure function on token ids; `guard_cell` gathers them into flags with printed reasons.
+here is a pure function on token ids, but one on words: an output that turned into a count its prompt
+never asked for (`left_task_reason`). `guard_cell` gathers them into flags with printed reasons.
 A flagged cell is not comparable and stays out of the headline ratio.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +25,7 @@ SPEC_MISMATCH = "spec_on_off_mismatch"
 REPEATS_DIFFER = "repeats_differ"
 MISSING = "missing_output"
 PROMPT_MISMATCH = "prompt_tokens_differ"
+LEFT_TASK = "left_task"
 
 
 class GuardThresholds(BaseModel):
@@ -54,6 +57,12 @@ class GuardThresholds(BaseModel):
     divergence_tolerance: float = Field(
         0.0, ge=0.0, le=1.0, description="a first difference in the last fraction of the shorter output is tolerated"
     )
+    # An output that turned into a count its prompt never asked for ("Write the letter A eighty times" ->
+    # "A, 8, 9, 10, ...") has no repeated n-gram and passes the loop guards: it left its prompt's task.
+    count_min_share: float = Field(
+        0.6, ge=0.0, le=1.0, description="a count covering more than this share of an output's words, where its "
+                                         "prompt asks for no count, flags the cell left_task")
+    count_min_values: int = Field(8, ge=2, description="and running through at least this many values")
 
 
 @dataclass(frozen=True)
@@ -196,6 +205,59 @@ def degenerate_reasons(tokens: Tokens, th: GuardThresholds | None = None) -> lis
     return reasons
 
 
+@dataclass(frozen=True)
+class Count:
+    """The longest count in a text: integers from `first` to `last`, never falling, rising by one at most
+    ("1. 1 2. 2" counts too), `words` of the text's `total` words."""
+
+    first: int
+    last: int
+    words: int
+    total: int
+
+    @property
+    def share(self) -> float:
+        return self.words / self.total if self.total else 0.0
+
+    def describe(self) -> str:
+        return f"{self.first}, {self.first + 1}, ... {self.last}: {self.words} of its {self.total} words"
+
+
+_WORD = re.compile(r"[^\W\d_]+|\d+")
+_ASKS_TO_COUNT = re.compile(r"\bcount", re.IGNORECASE)
+
+
+def longest_count(text: str) -> Count | None:
+    """The longest count among a text's words (letters or digits runs), None when it holds no integer."""
+    words = _WORD.findall(text or "")
+    best: Count | None = None
+    start = prev = None
+    n = 0
+    for w in [*words, ""]:
+        value = int(w) if w.isdigit() else None
+        if value is not None and prev is not None and 0 <= value - prev <= 1:
+            n += 1
+        else:
+            if start is not None and (best is None or n > best.words):
+                best = Count(start, prev, n, len(words))
+            start, n = (value, 1) if value is not None else (None, 0)
+        prev = value if value is not None else None
+    return best
+
+
+def left_task_reason(output_text: str, prompt_text: str | None, th: GuardThresholds | None = None) -> str | None:
+    """Why an output left its prompt's task (None: it did not, or the prompt is not known): the output turned
+    into a count over more than `count_min_share` of its words, where the prompt asks for no count."""
+    th = th or GuardThresholds()
+    if prompt_text is None or _ASKS_TO_COUNT.search(prompt_text):
+        return None
+    count = longest_count(output_text)
+    if count is None or count.last - count.first + 1 < th.count_min_values or count.share <= th.count_min_share:
+        return None
+    return (f"the output turned into a count ({count.describe()}, {count.share:.0%} > {th.count_min_share:.0%}) "
+            "where its prompt asks for no count")
+
+
 def first_divergence(a: Tokens, b: Tokens) -> int | None:
     """Index of the first differing token; the shorter length if one is a prefix; None if equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -234,6 +296,7 @@ class SideOutputs:
     # The server's own count (usage.completion_tokens). Text drops special tokens (an EOS sampled
     # under ignore_eos), so lengths are compared on this count when both sides give it.
     completion_tokens: int | None = None
+    text: str | None = None  # the first repeat's output text (the left-task guard reads words, not ids)
 
     @property
     def tokens(self) -> list[int]:
@@ -265,12 +328,15 @@ class GuardVerdict(BaseModel):
         self.reasons.append(reason)
 
 
-def _side_checks(side: SideOutputs, verdict: GuardVerdict, th: GuardThresholds) -> None:
+def _side_checks(side: SideOutputs, verdict: GuardVerdict, th: GuardThresholds, prompt_text: str | None) -> None:
     if not side.repeats:
         verdict.add(MISSING, f"{side.label}: no output recorded")
         return
     for reason in degenerate_reasons(side.tokens, th):
         verdict.add(f"{DEGENERATE}_{side.label}", f"{side.label} output is degenerate: {reason}")
+    off_task = left_task_reason(side.text, prompt_text, th) if side.text is not None else None
+    if off_task:
+        verdict.add(f"{LEFT_TASK}_{side.label}", f"{side.label} left its prompt's task: {off_task}")
     for i, other in enumerate(side.repeats[1:], start=1):
         idx = first_divergence(side.tokens, other)
         if idx is not None:
@@ -295,8 +361,10 @@ def guard_cell(
     th: GuardThresholds | None = None,
     *,
     prompt_tokens: tuple[int | None, int | None] = (None, None),
+    prompt_text: str | None = None,
 ) -> GuardVerdict:
-    """Every guard on one cell (prompt x lane): both sides' outputs, lengths, divergence, spec on/off.
+    """Every guard on one cell (prompt x lane): both sides' outputs, lengths, divergence, spec on/off, and
+    whether an output left its prompt's task (`prompt_text`, the user's words; None: not judged).
 
     `prompt_tokens` (ours, oracle) as the servers counted them: a difference means the chat template
     or tokenizer differ, so the engines were not given the same work.
@@ -309,8 +377,8 @@ def guard_cell(
         ours_distinct_ratio=distinct_token_ratio(a),
         oracle_distinct_ratio=distinct_token_ratio(b),
     )
-    _side_checks(ours, verdict, th)
-    _side_checks(oracle, verdict, th)
+    _side_checks(ours, verdict, th, prompt_text)
+    _side_checks(oracle, verdict, th, prompt_text)
     p_ours, p_oracle = prompt_tokens
     if p_ours is not None and p_oracle is not None and p_ours != p_oracle:
         verdict.add(

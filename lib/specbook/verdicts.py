@@ -345,7 +345,9 @@ def check_headline(h: Mapping[str, Any] | Any) -> list[str]:
     low, high, unit = iv
     if low > high:
         return [f"{where}: interval [{low}, {high}] is out of order"]
-    excl = excludes_zero(low, high)
+    # a ratio's "no difference" is 1, not 0 (a cross-engine "0.16x undecided" reads its interval against 1)
+    ratio = bool(_RATIO.search(verdict))
+    excl = (low > 1 or high < 1) if ratio else excludes_zero(low, high)
     if claim is None:
         ratios = _RATIO.findall(verdict)
         if len(ratios) == 1:
@@ -386,7 +388,8 @@ def check_headline(h: Mapping[str, Any] | Any) -> list[str]:
     if claim == "not_moved" and excl:
         problems.append(f"{where}: the interval {shown} excludes 0: shown different")
     if claim == "undecided" and (excl or inside):
-        problems.append(f"{where}: the interval {shown} decides ({'excludes 0' if excl else 'inside the margin'})")
+        problems.append(f"{where}: the interval {shown} decides "
+                        f"({('excludes 1' if ratio else 'excludes 0') if excl else 'inside the margin'})")
     return problems
 
 

@@ -121,7 +121,7 @@ def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(as_opened_r
     assert replay.loc["arm0-100000.0", "identical_share"] > 0.5  # the engine drafts what the draft itself would
     assert len(result.proposals) and result.prefix_acceptance["summary"].str.contains(" tokens in ").all()
     splits = result.cost_split.set_index("lane")
-    assert list(splits.index) == ["arm0-100000.0", "arm1-100.0"] and (splits["source"] == "profiler").all()
+    assert list(splits.index) == ["arm0-100000.0", "arm1-100.0"] and (splits["source"] == "step_timer").all()
     assert (splits["step_ms"] > 0).all() and (splits["target_forward_ms"] > 0).all() and (splits["draft_ms"] > 0).all()
     html = demo_html
     for heading in ("Draft proposals per arm (separate, untimed trace pass)", "Against the replay reference",

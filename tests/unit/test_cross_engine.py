@@ -306,6 +306,9 @@ def _equal_work_cells() -> dict:
 def test_equal_work_re_runs_diverged_cells_on_their_common_prefix_and_never_loops(demo):
     params = ce.CrossEngineParams.model_validate(demo)
     data = _data(_equal_work_cells())
+    # 40 common tokens are fewer than the 64 a cell needs to be timed: not re-run at the default
+    assert ce.equal_work_plan(data, params) == {}
+    params = ce.CrossEngineParams.model_validate({**demo, "timing": {"min_common_tokens": 32}})
     plan = ce.equal_work_plan(data, params)
     assert list(plan) == ["off"] and [(c.prompt, c.tokens) for c in plan["off"]] == [("parted", 40)]
     req = equalwork.equal_work_request(ce.build_request(params, params.prompts[1].request()), plan["off"][0].ours,
@@ -332,8 +335,14 @@ def test_equal_work_headline_stands_beside_the_strict_one_and_counts_usable_cell
     assert (usable["strict_usable"], usable["equal_work_usable"], usable["re_run_usable"]) == (1, 2, "parted")
     assert usable["not_usable"].startswith("loop: ") and "degenerate" in usable["not_usable"]
     summary = result.answer(params)
-    assert [h.comparison for h in summary.headlines] == ["lane off", "lane off (equal work)"]
-    assert "usable cells per lane (strict / with equal work): off 1/2 of 3" in summary.evidence
+    assert [h.comparison for h in summary.headlines] == ["lane off: decode rate", "lane off: TTFT"]
+    decode = result.decode_cells.set_index("prompt")
+    assert decode.loc["same", "timed"] and decode.loc["same", "source"] == "timed requests"
+    # the re-run gives equal work, but 40 common tokens are short of the 64 a timed cell needs
+    assert decode.loc["parted", "source"] == "equal-work re-run"
+    assert decode.loc["parted", "why_not_timed"] == "40 common tokens < 64"
+    assert decode.loc["loop", "why_not_timed"] == "a loop (degenerate output)"
+    assert summary.evidence[0].startswith("3 cells (1 lane x 3 prompts); timed: off 1 (>= 64 common tokens")
 
 
 def test_runs_without_the_optional_passes_analyse_as_before(tmp_path):
@@ -347,7 +356,9 @@ def test_runs_without_the_optional_passes_analyse_as_before(tmp_path):
     result = ce.analyze(data, old_params)
     assert result.trace_agreement.empty and result.equal_work_headline.empty and result.cost_split.empty
     assert result.proposals_note == ce.PROPOSALS_NOTE
-    assert result.answer(old_params).evidence[-2] == "usable cells per lane: off 1 of 1, ngram 1 of 1"
+    evidence = result.answer(old_params).evidence
+    assert evidence[0].startswith("2 cells (2 lanes x 1 prompt); timed: off 1, ngram 1")
+    assert evidence[-2] == "every pin matched" and evidence[-1].startswith("set-ups differ in")
     # with equal work on but no cell to re-run, the second headline is the strict one, labelled as such
     with_equal = ce.analyze(data, load_params(ce.CrossEngineParams, DEMO, ["n_boot=200"]))
     pd.testing.assert_series_equal(with_equal.equal_work_headline["ratio"], with_equal.headline["ratio"])
@@ -512,3 +523,65 @@ def test_categories_come_from_the_requests_and_the_note_says_what_was_drawn(demo
     old = _data({("off", "hello-loop", s): (text, 50.0) for s in ("ours", "oracle")})
     assert ce.category_of(old, params) == {"hello-loop": "loop-trap", "letter-loop": "loop-trap",
                                            "count-up": "counting"}
+
+
+class _Window:
+    """What Server.measure returns, as far as a cell's collection reads it (records, counters, log lines)."""
+
+    def __init__(self, records, accepted: float):
+        from specbook.acceptance import Acceptance
+
+        self.records, self.acceptance = records, Acceptance(source="counters", drafts=10.0, draft_tokens=40.0,
+                                                            accepted_tokens=accepted)
+
+    def requests_frame(self):
+        from specbook.client import records_frame
+
+        return records_frame(self.records)
+
+
+class _Server:
+    """Answers each request in `decode_s` after a 10 ms first token; counts the windows it was asked for."""
+
+    def __init__(self, decode_s: float):
+        self.decode_s, self.windows = decode_s, []
+
+    def measure(self, requests, *, concurrency=1):
+        from specbook.client import RequestRecord
+
+        assert concurrency == 1
+        self.windows.append([r.prompt_id for r in requests])
+        return _Window([RequestRecord(prompt_id=r.prompt_id, completion_tokens=33, ttft_s=0.01,
+                                      wall_s=0.01 + self.decode_s, output_text="a b c") for r in requests], 15.0)
+
+
+def test_a_cell_side_gets_more_repeats_until_its_decode_wall_can_be_timed(demo):
+    params = ce.CrossEngineParams.model_validate(demo)
+    prompt = params.prompts[1].request()
+    fast = _Server(decode_s=0.05)  # 3 repeats: 0.15 s of decode wall, short of 0.25 s
+
+    def build(i):
+        return ce.build_request(params, prompt, repeat=i)
+
+    windows = ce.measure_cell(fast, build, 3, params.timing)
+    assert fast.windows == [["capital#0", "capital#1", "capital#2"], ["capital#3", "capital#4", "capital#5"]]
+    frame = ce._windows_frame(windows, "oracle", "vllm", "off", "capital", tokenizer=_Words())
+    assert list(frame["repeat"]) == [0, 1, 2, 3, 4, 5] and list(frame["prompt_id"])[-1] == "capital#5"
+    row = ce._cell_row("oracle", "vllm", "off", "capital", windows, {})
+    assert (row["drafts"], row["accepted_tokens"]) == (20.0, 30.0)  # both windows' counters, summed
+    slow = _Server(decode_s=0.2)
+    assert len(ce.measure_cell(slow, build, 3, params.timing)) == 1 and len(slow.windows) == 1
+    capped = _Server(decode_s=0.001)
+    ce.measure_cell(capped, build, 3, params.timing.model_copy(update={"max_warm_repeats": 5}))
+    assert [len(w) for w in capped.windows] == [3, 2]
+
+
+class _Words:
+    def encode(self, text, add_special_tokens=False):
+        return [len(w) for w in text.split()]
+
+
+def test_max_warm_repeats_below_the_repeats_every_cell_gets_is_refused(tmp_path, demo):
+    demo["timing"] = {"max_warm_repeats": 2}
+    with pytest.raises(ParamsError, match=r"timing.max_warm_repeats \(2\) is below the repeats every cell gets"):
+        load_params(ce.CrossEngineParams, _write(tmp_path, demo))

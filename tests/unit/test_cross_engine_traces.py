@@ -138,3 +138,41 @@ def test_replay_table_names_a_systematic_shift_and_passes_identical_proposals(tm
         assert (row["engine"], row["anchors"]) == ("vllm", len(verified)) and len(verified) >= 3
         assert row["identical_share"] == pytest.approx(share)
         assert row["systematic_mismatches"].split(":")[0] == named
+
+
+# ------------------------------------------------------------------ matched anchors, for reading
+
+
+def _matched() -> pd.DataFrame:
+    """Matched anchors as matched_anchor_table gives them: the ngram lane mostly from a loop cell."""
+    rows = [("ngram", "yes-loop", 84 + 5 * i, [15, 30, 1], [15, 30, 1] if i == 0 else [16, 30, 1], i == 0,
+             None if i == 0 else 1) for i in range(16)]
+    rows += [("ngram", "count-up", 40, [28, 30, 2], [28, 30, 2], True, None),
+             ("draft-int4", "count-up", 41, [7, 8], [7, 8], True, None)]
+    return pd.DataFrame(rows, columns=["lane", "prompt_id", "anchor_pos", "proposed_a", "proposed_b", "identical",
+                                       "first_diff"]).assign(accepted_a=1, accepted_b=1)
+
+
+def test_the_anchor_listing_shows_text_names_the_engines_and_says_how_many_of_how_many():
+    decode = {15: "1", 16: "2", 30: ".", 1: " Yes", 28: "\n", 2: "9", 7: "A", 8: "B"}
+    listing, note = cet.anchor_listing(_matched(), {"ours": "llamacpp", "oracle": "vllm"},
+                                       lambda ids: "".join(decode[i] for i in ids), limit=10)
+    assert note.startswith("a = llamacpp (ours), b = vllm (oracle); proposals decoded with the target's tokenizer")
+    assert "listed per lane: ngram 10 of 17, draft-int4 1 of 1" in note
+    assert list(listing.columns[3:5]) == ["llamacpp proposed (a)", "vllm proposed (b)"]
+    assert listing.loc[1, "llamacpp proposed (a)"] == "'1. Yes'" and listing.loc[1, "vllm proposed (b)"] == "'2. Yes'"
+    ids, note = cet.anchor_listing(_matched(), {"ours": "llamacpp", "oracle": "vllm"}, None)
+    assert ids.loc[0, "llamacpp proposed (a)"] == "15 30 1" and "as token ids (no tokenizer here)" in note
+
+
+def test_a_low_identical_share_names_where_its_anchors_come_from_and_the_set_up_difference():
+    matched = _matched()
+    summary = cet.matched_anchor_summary(matched)
+    by_prompt = cet.anchors_by_prompt(matched, timed={("ngram", "count-up"), ("draft-int4", "count-up")})
+    assert list(by_prompt[by_prompt["lane"] == "ngram"]["prompt"]) == ["yes-loop", "count-up"]
+    diffs = ["server processes: 1 vs 3", "speculation (ngram): ngram match length 4 vs ngram match length 2..4"]
+    ngram, draft = cet.identical_share_notes(summary, by_prompt, diffs)
+    assert ngram == ("ngram: 12% of 17 matched anchors identical; 16 of the 17 come from cells the headline leaves "
+                     "out (16 from yes-loop); the set-ups differ in speculation (ngram): ngram match length 4 vs "
+                     "ngram match length 2..4, so the same prefix can give different proposals")
+    assert draft == "draft-int4: 100% of 1 matched anchors identical"  # high share, every anchor in the headline

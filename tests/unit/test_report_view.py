@@ -67,6 +67,52 @@ def test_a_wide_table_with_many_rows_is_split_repeating_its_first_column():
     assert out.count("<table") == 3  # 12 value columns in groups of 4
     assert out.count(">arm<") == 3
     assert all(f">c{i}<" in out for i in range(12))
+    # the first group is shown, the continuations fold beneath it, named by the columns they hold
+    shown, folded = out.split("<details", 1)
+    assert ">c3<" in shown and ">c4<" not in shown
+    assert "8 more columns, by arm: c4, c5, c6, c7, c8, c9, c10, c11" in folded
+
+
+def test_continuations_repeat_every_key_column_that_tells_the_rows_apart():
+    """lane alone repeats (three prompts a lane): each continuation carries lane and prompt, so its rows read."""
+    df = pd.DataFrame({"lane": ["off"] * 3 + ["ngram"] * 3, "prompt": list("abcabc"),
+                       **{f"c{i}": range(6) for i in range(10)}})
+    assert rv.key_columns(df) == ["lane", "prompt"]
+    out = rv.table_html(df, max_columns=6)
+    assert out.count("<table") == 3 and out.count(">lane<") == 3 and out.count(">prompt<") == 3
+    assert "by lane, prompt" in out
+    assert rv.table_html(df, max_columns=6, keys=["lane"]).count(">prompt<") == 1
+
+
+def test_long_tables_and_outlines_fold_behind_a_one_line_count():
+    df = pd.DataFrame({"cell": range(30), "failed": 0})
+    out = rv.long_table_html(df, "Requests and failures per cell")
+    assert out.startswith("<details") and "Requests and failures per cell: 30 rows" in out
+    assert not rv.long_table_html(df.head(5), "x").startswith("<details")
+    outline = rv.folded_outline_html("a: NOT COMPARABLE\n    - a loop", "Why each flagged cell is not comparable", 1)
+    assert "Why each flagged cell is not comparable (1)</summary>" in outline and "<li>a loop</li>" in outline
+
+
+def test_a_headline_carries_its_why_under_its_figure():
+    summary = rv.Summary("Q?", [rv.Headline("lane off: decode rate", "1.5x faster", None, "701 vs 464 tok/s",
+                                            why="one token per step: the step-time ratio")])
+    out = rv.summary_html(summary)
+    # the why-sentence is the row under its headline's row
+    assert ("701 vs 464 tok/s</td>" in out
+            and "<td class='sb-text sb-why' colspan='3'>Why: one token per step: the step-time ratio</td>" in out)
+    assert "sb-why" not in rv.summary_html(rv.Summary("Q?", [rv.Headline("a", "B", None, "c")])).split("</style>")[1]
+
+
+def test_every_rendered_report_gets_a_table_of_contents_after_its_title():
+    body = ('<html><body><h1 id="T">Title<a class="anchor-link" href="#T">\u00b6</a></h1><p>x</p>'
+            '<h2 id="Decode-rate">Decode rate<a class="anchor-link" href="#Decode-rate">\u00b6</a></h2>'
+            '<h3 id="Per-chunk">Per chunk &amp; token</h3><h2>Summary</h2></body></html>')
+    out = rv.with_toc(body)
+    assert out.index("</h1>") < out.index("<nav class='sb-toc'>") < out.index("<p>x</p>")
+    assert "Contents: 2 sections" in out  # a heading without an id (the summary block's own) is no section
+    assert "<a href='#Decode-rate'>Decode rate</a>" in out and "<a href='#Per-chunk'>Per chunk &amp; token</a>" in out
+    assert ".jp-Cell.jp-mod-noInput.jp-mod-noOutputs{display:none}" in out
+    assert rv.toc_html("<p>no headings</p>") == ""
 
 
 def test_index_kept_when_it_names_the_rows():
@@ -150,7 +196,7 @@ def test_a_headline_with_an_expectation_colours_it_and_never_the_label():
     assert "<td class='sb-text sb-neutral'>UNDECIDED: ~3 more sweeps</td>" in out
     assert "<td class='sb-text sb-bad'>expected equivalent: no</td>" in out
     assert "<th class='sb-text'>stated before the run</th><th class='sb-text'>stated rule</th>" in out
-    assert "<td class='sb-text sb-why' colspan='5'>The 95% interval includes 0.</td>" in out
+    assert "<td class='sb-text sb-why' colspan='5'>Why: The 95% interval includes 0.</td>" in out
     assert rv.short_clause(s.headlines) == "a vs baseline: UNDECIDED: ~3 more sweeps (+1 more)"
 
 

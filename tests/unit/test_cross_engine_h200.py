@@ -1,0 +1,98 @@
+"""The committed H200 cross-engine report (docs/reports/cross_engine-h200, commit a0121e8): its headline rests on
+equal decode work, the cells it leaves out say why, and its figures are those its raw frames give.
+
+The folder holds what the report re-renders from (data/, the timed servers' logs, params, manifest); here its
+analysis runs again and is checked against the frames directly, so a change to the code that moves a figure of the
+committed report fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specbook.experiments import cross_engine as ce
+from specbook.params import load_params
+from specbook.runstore import RunContext
+
+FOLDER = Path(__file__).resolve().parents[2] / "docs" / "reports" / "cross_engine-h200"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    if not (FOLDER / "data" / "requests.parquet").is_file():
+        pytest.fail(f"{FOLDER} holds no data/requests.parquet: docs/reports/README.md says what the folder keeps")
+    params = load_params(ce.CrossEngineParams, FOLDER / "params.yaml")
+    data = ce.load(RunContext.from_run_dir(FOLDER))
+    return params, data, ce.analyze(data, params)
+
+
+def _pooled_rate(rows: pd.DataFrame) -> float:
+    return float((rows["completion_tokens"] - 1).sum() / (rows["wall_s"] - rows["ttft_s"]).sum())
+
+
+def test_each_lane_is_timed_on_equal_decode_work_only(h200):
+    params, data, r = h200
+    head = r.decode_headline.set_index("lane")
+    assert list(head.index) == ["off", "ngram", "draft-int4"] and (head["cells"] == 24).all()
+    timed = r.decode_cells[r.decode_cells["timed"]]
+    assert (timed["common_tokens"] >= params.timing.min_common_tokens).all()
+    assert (timed[["ours_decode_wall_s", "oracle_decode_wall_s"]] >= params.timing.min_timed_wall_s).all().all()
+    assert list(head["timed"]) == [int((timed["lane"] == lane).sum()) for lane in head.index]
+    assert not timed["prompt"].isin(["yes-loop", "hello-loop", "letter-loop", "capital"]).any()
+    # a timed cell on its own requests: the decode rate from the raw frame, pooled over the repeats
+    req = data.requests
+    cell = timed[(timed["lane"] == "off") & (timed["prompt"] == "count-up")].iloc[0]
+    for side in ("ours", "oracle"):
+        rows = req[(req["lane"] == "off") & (req["prompt"] == "count-up") & (req["side"] == side)]
+        assert cell[f"{side}_decode_tok_s"] == pytest.approx(_pooled_rate(rows))
+    # the lane headline: the geometric mean of its cells' ratios
+    off = timed[timed["lane"] == "off"]["decode_ratio"]
+    assert head.loc["off", "decode_ratio"] == pytest.approx(float(np.exp(np.log(off).mean())))
+    assert (head["decode_ratio_lo"] < head["decode_ratio"]).all() and (head["decode_ratio"] < head["decode_ratio_hi"]).all()
+
+
+def test_the_letter_loop_that_became_a_count_and_the_loops_say_why_they_are_left_out(h200):
+    _, _, r = h200
+    cells = r.decode_cells.set_index(["lane", "prompt"])
+    for lane in ("off", "ngram", "draft-int4"):
+        assert cells.loc[(lane, "letter-loop"), "why_not_timed"].startswith("left its prompt's task")
+        assert cells.loc[(lane, "yes-loop"), "why_not_timed"] == "a loop (degenerate output)"
+        assert cells.loc[(lane, "capital"), "why_not_timed"] == "8 common tokens < 64"
+    flags = r.cells.set_index(["lane", "prompt"]).loc[("off", "letter-loop"), "flags"]
+    assert flags == "left_task_llamacpp-cuda, left_task_vllm-cuda"
+    assert (r.decode_cells.loc[~r.decode_cells["timed"], "why_not_timed"] != "").all()
+
+
+def test_the_summary_leads_with_decode_rate_and_ttft_per_lane_texts_and_a_why(h200):
+    params, _, r = h200
+    summary = r.answer(params)
+    names = [h.comparison for h in summary.headlines]
+    assert names[:6] == [f"lane {lane}: {what}" for what in ("decode rate", "TTFT")
+                         for lane in ("off", "ngram", "draft-int4")]
+    assert all(h.why for h in summary.headlines)
+    spec = summary.headlines[-1]
+    assert spec.verdict == "SLOWER THAN OFF ON BOTH ENGINES" and (r.speculation_effect["vs_off_hi"] < 1).all()
+    assert spec.why.endswith("drafting does not pay for a 135M target, so the speculative lanes' ratios compare "
+                             "whose speculation hurts less")
+    assert set(r.headline_texts["prompt"]) == set(r.decode_cells.loc[r.decode_cells["timed"], "prompt"])
+    assert (r.headline_texts["ours, first words"] != "").all()
+    html = (FOLDER / "report.html").read_text()
+    first = html.split('<h2 id="Decode-rate-on-equal-work"')[0]
+    assert "lane off: decode rate" in first and "lane draft-int4: TTFT" in first and "Why: " in first
+    assert "The timed cells: the first words of both outputs" in first
+    assert all(path not in html for path in ("/root/", "/tmp/", "/opt/", "/work/"))
+
+
+def test_the_recorded_cost_split_says_what_it_could_not_see(h200):
+    _, _, r = h200
+    notes = r.cost_split_notes
+    assert notes[0].startswith("This run's vLLM split comes from the torch profiler")
+    assert "vllm-cuda off reads target forward 0" in notes[0]
+    assert [n.split(":")[0] for n in notes[1:]] == ["vllm-cuda draft-int4", "llamacpp-cuda draft-int4"]
+    scaled = r.cost_split_scaled
+    step = scaled[scaled["part"] == "step (all parts)"]
+    assert step["scaled_ms"].notna().all() and (step["scaled_ms"] > 0).all()
