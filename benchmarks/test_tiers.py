@@ -1,6 +1,6 @@
 """What each test tier costs on a fresh clone: wall time, server starts per engine, the slowest tests.
 
-usage: python benchmarks/test_tiers.py [--tiers fast full] [--cold-cache] [--keep]
+usage: python benchmarks/test_tiers.py [--tiers fast full] [--cold-cache] [--unit-both-ways] [--keep]
        python benchmarks/test_tiers.py --read JUNIT.xml [JUNIT.xml ...] --starts STARTS.jsonl   (a run made already)
 
 Clones this checkout's HEAD into a temporary folder (the README's fresh clone), times its set-up (`make setup
@@ -11,8 +11,9 @@ passed / failed / skipped, the server starts per engine and the seconds they too
 tests (a session fixture's set-up counts in the first test that uses it), beside the reference: the whole suite
 before the tiers, measured at a0121e8's tests (REFERENCE below). By default the host's caches are used, as CI on
 the same machine uses them (models in ~/.cache/specbook, the llama.cpp build cache beside them);
---cold-cache gives the clone an empty SPECBOOK_CACHE, so models and llama.cpp are made from nothing. Figures
-only; no pass/fail.
+--cold-cache gives the clone an empty SPECBOOK_CACHE, so models and llama.cpp are made from nothing.
+--unit-both-ways also times the unit tests alone, serially and in parallel (pytest-xdist, one worker per core), in
+the same clone. Figures only; no pass/fail.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tiers", nargs="+", default=["fast", "full"], choices=["fast", "full"])
     ap.add_argument("--cold-cache", action="store_true", help="an empty SPECBOOK_CACHE for the clone")
     ap.add_argument("--keep", action="store_true", help="keep the clone and its logs")
+    ap.add_argument("--unit-both-ways", action="store_true", help="time the unit tests serially and in parallel")
     ap.add_argument("--read", nargs="+", type=Path, help="JUnit XML files of a run made already")
     ap.add_argument("--starts", type=Path, help="its SPECBOOK_SERVER_STARTS_LOG file")
     ap.add_argument("--wall-s", type=float, default=None)
@@ -172,6 +174,15 @@ def main(argv: list[str]) -> int:
         return 1
     if ref_doc:
         print(f"reference: {ref_doc.get('what')}")
+    if args.unit_both_ways:
+        for workers in ("0", "auto"):
+            t0 = time.monotonic()
+            run = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m", "pytest", "tests/unit", "-q",
+                                  "-p", "no:cacheprovider", *([] if workers == "0" else ["-n", workers])],
+                                 cwd=clone, env=env, capture_output=True, text=True)
+            last = (run.stdout.strip().splitlines() or ["?"])[-1]
+            print(f"unit tests {'serially' if workers == '0' else 'in parallel (-n auto)'}: "
+                  f"{mmss(time.monotonic() - t0)} wall; {last}")
     for tier in args.tiers:
         fig = run_tier(clone, tier, env, work)
         show(f"{tier} tier (make {'test' if tier == 'fast' else 'test-full'}; exit {fig['exit']})", fig, ref)
