@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 # on vLLM-CPU (4 starts of 30-60 s) in the full tier.
 RUNS = {
     "llamacpp": ("params/concurrency_curve/cpu-llamacpp.yaml",
-                 ["levels=[1,4]", "workload.subset=4", "measurement.requests_per_slot=1"]),
+                 ["levels=[1,4]", "workload.subset=4", "workload.max_tokens=32", "measurement.requests_per_slot=1"]),
     "vllm": ("params/concurrency_curve/cpu-demo.yaml",
              ["sweeps=2", "levels=[1,4]", "workload.max_tokens=32", "workload.subset=4", "measurement.min_requests=2",
               "measurement.requests_per_slot=1", "measurement.warmup_requests=1"]),

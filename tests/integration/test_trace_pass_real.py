@@ -84,7 +84,7 @@ def _check_against_replay(ts: TraceSet) -> float:
     return share
 
 
-# vLLM's draft_model trace pass runs in the fast tier's cross-engine e2e run (draft lane); ngram here only
+# vLLM's draft_model trace pass runs in the fast tier's cross-engine e2e run (draft lane)
 @pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.slow), "llamacpp"])
 def test_trace_pass_draft_model(tmp_path, engine):
     ts = _trace(tmp_path, engine, "draft")
@@ -92,7 +92,8 @@ def test_trace_pass_draft_model(tmp_path, engine):
     _check_against_replay(ts)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+# vLLM's ngram trace pass: full tier (the fast tier traces vLLM's draft_model lane in the cross-engine e2e run)
+@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.slow), "llamacpp"])
 def test_trace_pass_ngram(tmp_path, engine):
     ts = _trace(tmp_path, engine, "ngram")
     _check_well_formed(ts)

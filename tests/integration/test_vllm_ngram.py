@@ -37,11 +37,11 @@ def _log_totals(path, first_line: int = 0):
         return parse_log(fh.read().splitlines()[first_line:])
 
 
-def _counter_totals(snap, since=None) -> tuple[float, float]:
-    """(drafted, accepted) tokens the server counted since it started, or since the snapshot `since` (every
-    engine core summed)."""
+def _counter_totals(snap, model: str, since=None) -> tuple[float, float]:
+    """(drafted, accepted) tokens the server counted for `model` since it started, or since the snapshot `since`
+    (every engine core summed)."""
     def total(s, name):
-        return sum(x.value for x in s.select(name, model_name="smollm2")) if s is not None else 0.0
+        return sum(x.value for x in s.select(name, model_name=model)) if s is not None else 0.0
 
     names = (vmetrics.SPEC_DECODE_DRAFT_TOKENS, vmetrics.SPEC_DECODE_ACCEPTED_TOKENS)
     return tuple(total(snap, n) - total(since, n) for n in names)
@@ -79,18 +79,18 @@ def test_ngram_acceptance_length_counters_equal_log(vllm_ngram_server):
     engine = get_engine("vllm")
     before = metrics.scrape(srv.base_url)
     # earlier activity on this shared server is logged before the window opens: the whole log sums to the counters
-    _wait_until_logged(srv, 0, _counter_totals(before))
+    _wait_until_logged(srv, 0, _counter_totals(before, srv.model_name))
     with open(srv.log_path, encoding="utf-8", errors="replace") as fh:
         first_line = sum(1 for _ in fh)
 
     requests = repeat_requests()
     t0 = time.monotonic()
     records = run_requests_sync(srv.base_url, srv.model_name, requests[:8], concurrency=4, progress=False)
-    _wait_until_logged(srv, first_line, _counter_totals(metrics.scrape(srv.base_url), since=before))
+    _wait_until_logged(srv, first_line, _counter_totals(metrics.scrape(srv.base_url), srv.model_name, since=before))
     records += run_requests_sync(srv.base_url, srv.model_name, requests[8:], concurrency=4, progress=False)
     batch_s = time.monotonic() - t0
     after = metrics.scrape(srv.base_url)
-    parsed = _wait_until_logged(srv, first_line, _counter_totals(after, since=before))
+    parsed = _wait_until_logged(srv, first_line, _counter_totals(after, srv.model_name, since=before))
 
     assert all(r.error is None for r in records), [r.error for r in records if r.error]
     delta = engine.spec_decode_delta(before, after, model_name=srv.model_name)
