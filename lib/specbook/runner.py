@@ -429,7 +429,8 @@ def _scrub_tree(obj: Any, scrub: secrets.Scrubber) -> Any:
 
 def _scrub_report(run_dir: Path, scrub: secrets.Scrubber) -> None:
     """Hide known secrets and URL passwords in the executed notebook (before the html is rendered from it):
-    a cell may print what the kernel's real params hold."""
+    a cell may print what the kernel's real params hold; the summary blocks too."""
+    _scrub_summaries(run_dir, scrub)
     report = run_dir / REPORT_IPYNB
     try:
         nb = json.loads(report.read_text(encoding="utf-8"))
@@ -440,6 +441,21 @@ def _scrub_report(run_dir: Path, scrub: secrets.Scrubber) -> None:
         tmp = report.with_suffix(".ipynb.tmp")
         tmp.write_text(json.dumps(clean, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(tmp, report)
+
+
+def _scrub_summaries(run_dir: Path, scrub: secrets.Scrubber) -> None:
+    """Hide known secrets and URL passwords in the summary blocks the kernel saved: their question is built
+    from the kernel's real params (a description may name a mirror with its password)."""
+    for path in [run_dir / "summary.json", *sorted((run_dir / "reanalyses").glob("*.summary.json"))]:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        clean = scrub.data(doc)
+        if clean != doc:
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(clean, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
 
 
 def _scrub_manifest(manifest: Manifest, scrub: secrets.Scrubber) -> None:

@@ -246,6 +246,22 @@ def test_runner_shows_params_overrides_command_redacted_and_hashes_what_it_shows
     assert not clean.hidden_in_params and clean.params_hash == params_hash(plain)  # unchanged without secrets
 
 
+def test_summary_blocks_the_kernel_saved_are_scrubbed_like_the_report(tmp_path):
+    """The kernel builds the summary's question from its real params: the runner hides what it knows."""
+    from specbook import runner
+
+    question = "Weights mirrored from https://alice:pw-in-desc-123@example.invalid/models; token tok-value-4567"
+    (tmp_path / "reanalyses").mkdir()
+    for path in (tmp_path / "summary.json", tmp_path / "reanalyses" / "r1.summary.json"):
+        path.write_text(json.dumps({"question": question, "headlines": [{"why": "tok-value-4567 said"}]}))
+    (tmp_path / "report.ipynb").write_text("not a notebook")  # an unreadable report leaves the summaries scrubbed
+    runner._scrub_report(tmp_path, secrets.Scrubber({"tok-value-4567"}))
+    for path in (tmp_path / "summary.json", tmp_path / "reanalyses" / "r1.summary.json"):
+        doc = json.loads(path.read_text())
+        assert doc == {"question": "Weights mirrored from https://alice:***@example.invalid/models; token ***",
+                       "headlines": [{"why": "*** said"}]}, path
+
+
 # --------------------------------------------------------------------------------------------------
 # servers.jsonl and the server log
 
