@@ -12,7 +12,7 @@
 #   - GSM8K test/train (MIT) and Spec-Bench's question.jsonl (Apache-2.0): never committed, read from
 #     ../shared/data like here
 # Usage (project root): scripts/h200/pack.sh [COMMIT, default HEAD] [PIECE_SIZE, default 5M]
-# A transfer carries one kit part (51 MiB), one piece and the working tree (5.6 MB at ff79780): at most 64 MiB.
+# A transfer carries one kit part (the size prepare.sh cut), one piece and the working tree: at most 64 MiB.
 # Env: PACK_OUT (default .gpu-carry): where the xN folders go; PACK_LLAMA=0: no llama.cpp sources.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -66,11 +66,15 @@ i=0; for part in "$work"/extra.tar.part-*; do
   i=$((i+1))
 done
 du -sh "$out"/x*
-[ "$i" -le 6 ] || { echo "pack.sh: $i pieces, more than the 6 kit parts they ride with: PACK_LLAMA=0 or a larger PIECE_SIZE (see below)" >&2; exit 1; }
+# the kit prepare.sh made (its part size and count: `prepare.sh .gpu-carry 40M` for smaller parts)
+kit_parts=$(ls -d "$out"/p[0-9]* 2>/dev/null | wc -l)
+kit_part=$( { stat -c %s "$out"/p0/bundle.tar.part-* 2>/dev/null || echo $((51 * 1048576)); } | head -1)
+[ "$kit_parts" -gt 0 ] || { kit_parts=6; echo "note: no kit in $out yet; assuming 6 parts of 51 MiB" >&2; }
+[ "$i" -le "$kit_parts" ] || { echo "pack.sh: $i pieces, more than the $kit_parts kit parts they ride with: PACK_LLAMA=0 or a larger PIECE_SIZE (see below)" >&2; exit 1; }
 # what travels with a call: the working tree (tracked and untracked-not-ignored files), a kit part, a piece
 tree=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
 piece=$(stat -c %s "$out/x0/extra.tar.part-00")
-total=$((tree + 51 * 1048576 + piece))
-echo "a transfer: working tree $tree + kit part 53477376 + piece $piece = $total bytes (limit 67108864)"
-[ "$total" -le 67108864 ] || { echo "pack.sh: over the 64 MiB a transfer may carry: a smaller PIECE_SIZE" >&2; exit 1; }
+total=$((tree + kit_part + piece))
+echo "a transfer: working tree $tree + kit part $kit_part + piece $piece = $total bytes (limit 67108864)"
+[ "$total" -le 67108864 ] || { echo "pack.sh: over the 64 MiB a transfer may carry: smaller kit parts (prepare.sh DIR 40M) or a smaller PIECE_SIZE" >&2; exit 1; }
 echo "$i pieces of commit $sha: carry .gpu-carry/xN beside .gpu-carry/pN, both copied into /tmp/vc there"
