@@ -93,7 +93,9 @@ def install_cached(python: str, folder: Path) -> str | None:
 
 
 def build_and_cache(python: str, pin: str, cmake_args: str, folder: Path) -> str:
-    env = {**os.environ, "CMAKE_ARGS": cmake_args}
+    # the sdist's setup.py runs `cmake --build -j$LLAMA_CPP_BUILD_JOBS`: unset, that is make without a job limit,
+    # dozens of compilers that thrash a 2-core host's memory; one job per core unless the caller chose
+    env = {"LLAMA_CPP_BUILD_JOBS": str(os.cpu_count() or 2), **os.environ, "CMAKE_ARGS": cmake_args}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llamacpp-wheel-") as tmp:
         # --no-cache-dir: pip's own wheel cache does not key on CMAKE_ARGS, so it could hand back another build

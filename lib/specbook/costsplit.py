@@ -214,4 +214,16 @@ def split_notes(splits: pd.DataFrame) -> list[str]:
                         "and the whole step as rest; " if len(blind) else "")
                      + f"its measured bars carry the profiler's own {slow} slowdown (the scaled column divides it "
                      "out); runs since time the forwards with CUDA events (specbook's step timer).")
-    return notes + out_of_proportion(splits)
+    return notes + overhead_notes(splits) + out_of_proportion(splits)
+
+
+def overhead_notes(splits: pd.DataFrame) -> list[str]:
+    """A step-timer overhead below 1 (the instrumented send faster than the plain one) says that one pair of
+    sends cannot resolve the timer's cost, not that timing made the engine faster: say so where it happens."""
+    rows = splits[(splits["source"] == "step_timer") & (splits["overhead"] < 1.0)]
+    if rows.empty:
+        return []
+    which = ", ".join(f"{r.engine} {r.lane} {r.overhead:.3g}x" for r in rows.itertuples(index=False))
+    return [f"Step timer overhead below 1 ({which}): the timed send was faster than the plain one before it, so "
+            "this pass's two sends do not resolve the timer's own cost (it is smaller than their run-to-run "
+            "spread); read the parts' shares, not their sum against the plain send."]

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from specbook import costsplit
 from specbook.acceptance import Acceptance, position_column
 from specbook.engines import EngineConfig, get_engine
 from specbook.errors import ExperimentError, ParamsError
@@ -523,6 +524,18 @@ def test_cost_split_per_arm_as_the_bars_read_it(traced):
     assert table["lane"].tolist() == list(ARM_COUNTS) and table["step_ms"].tolist() == [40.0, 80.0]
     assert "kind" not in table and "arm" not in table
     plots.cost_split_bars(table)  # the report's stacked bars take the table as it is
+
+
+def test_the_split_is_scaled_to_each_arms_measured_step(traced):
+    params, data = traced
+    result = cf.analyze(data, params)
+    per_step = dict(zip(result.summary["arm"], result.summary["per_step_ms"], strict=True))
+    scaled = result.cost_split_scaled
+    for arm, measured in zip(result.cost_split["lane"], result.cost_split["step_ms"], strict=True):
+        whole = scaled[(scaled["lane"] == arm) & (scaled["part"] == "step (all parts)")]
+        assert whole["measured_ms"].tolist() == [measured] and whole["scaled_ms"].tolist() == [per_step[arm]]
+    assert result.cost_split_notes == costsplit.split_notes(result.cost_split)
+    assert cf.analyze(_data(data.flip), params).cost_split_scaled.empty
 
 
 def test_analyze_and_the_summary_show_the_passes_only_when_run(traced, tmp_path, draft_dir):

@@ -42,6 +42,28 @@ def test_the_step_timer_lines_of_a_real_vllm_cpu_server_reduce_to_their_decode_s
     assert split.parts_ms["draft"] > split.parts_ms["target_forward"]  # four draft forwards against one target
 
 
+# The same from CUDA vLLM 0.26 on an H200 with CUDA graphs on (fp8 draft, k=4, two requests): see the README.
+VLLM_H200_STEPS = FIXTURES / "vllm-h200-draft_model-graphs.steps.jsonl"
+
+
+def test_the_step_timer_of_a_real_h200_server_sees_the_target_forward_inside_its_cuda_graph():
+    steps = [json.loads(line) for line in VLLM_H200_STEPS.read_text().splitlines()]
+    assert {s["timer"] for s in steps} == {"cuda_events"} and sum(s["new_reqs"] for s in steps) == 2
+    split = profile.reduce_steps(steps)
+    assert split.timer == "cuda_events" and split.runner == "v1" and split.tokens_per_step == 5.0
+    assert 0 < split.steps < len(steps)  # the two prefills and the last step are not decode periods
+    decode = [s for s in steps if s["new_reqs"] == 0]
+    # a replay is launched in a fraction of the time it runs: the host clock would read the target as nearly free
+    host = sum(s["parts_host_ms"]["target_forward"] for s in decode)
+    device = sum(s["parts_ms"]["target_forward"] for s in decode)
+    assert device > 5 * host
+    assert split.parts_ms["target_forward"] > 0 and split.parts_ms["rest"] > 0
+    assert sum(split.parts_ms.values()) == pytest.approx(split.step_ms)
+    notes = costsplit.out_of_proportion(costsplit.splits_frame([costsplit.CostSplit(
+        "vllm", "arm0", split.source, split.steps, split.step_ms, split.parts_ms, split.tokens_per_step)]))
+    assert len(notes) == 1 and "the draft is dearer per token than its target" in notes[0]
+
+
 def _step(t_ms: float, *, tokens: int = 5, new: int = 0, k: int = 4, parts: dict | None = None,
           runner: str = "v1", timer: str = "cuda_events") -> dict:
     """One step timer line (engines/vllm/trace_plugin.py's schema) of one request."""
@@ -269,6 +291,16 @@ def test_split_notes_say_what_the_profiler_could_not_see():
     assert "1.40-1.53x slowdown" in notes[0] and len(notes) == 3
     timed = _h200_splits()[_h200_splits()["source"] == "engine_log"]
     assert costsplit.split_notes(timed) == costsplit.out_of_proportion(timed)  # no profiler row, no such line
+
+
+def test_a_step_timer_overhead_below_one_is_named_as_unresolved():
+    splits = _h200_splits()
+    assert costsplit.overhead_notes(splits) == []  # profiler rows: their slowdown has its own line
+    timed = splits.assign(source="step_timer", overhead=[1.2, 0.615, 0.993, math.nan, 1.0, 1.0][: len(splits)])
+    notes = costsplit.overhead_notes(timed)
+    assert len(notes) == 1 and notes[0].startswith("Step timer overhead below 1 (")
+    below = [f"{r.engine} {r.lane}" for r in timed.itertuples() if r.overhead < 1]
+    assert below and all(name in notes[0] for name in below) and "do not resolve the timer's own cost" in notes[0]
 
 
 def test_parts_are_scaled_to_the_timed_step():

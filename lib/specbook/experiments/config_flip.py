@@ -29,7 +29,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specbook import flip, report_view, request_failures, resume, secrets
+from specbook import costsplit, flip, report_view, request_failures, resume, secrets
 from specbook.acceptance import (
     ACCEPTED,
     Acceptance,
@@ -419,7 +419,7 @@ def _extra_pass(kind: str, params: ConfigFlipParams, ctx: Any, index: int, label
                 cfg: EngineConfig, done: set, units: Any, ahead: dict[str, tuple[str, EngineConfig]]) -> None:
     """The arm's untimed trace pass or its profiled pass (`kind`), each its own server and unit, after every
     measured arm (tracing and profiling slow a server down: never in the timed one)."""
-    from specbook import costsplit, harness
+    from specbook import harness
     from specbook.traces import trace_pass, traced_config
 
     def done_row(kind: str, server_name: str, ready_s: float | None) -> pd.DataFrame:
@@ -703,6 +703,8 @@ class FlipResult:
     prefix_acceptance: pd.DataFrame = field(default_factory=pd.DataFrame)
     # per-step cost split per arm (params cost_split; a separate profiled pass per arm)
     cost_split: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cost_split_notes: list[str] = field(default_factory=list)  # parts out of proportion; what a split cannot see
+    cost_split_scaled: pd.DataFrame = field(default_factory=pd.DataFrame)  # measured and scaled to the timed step
 
     def answer(self, params: ConfigFlipParams) -> report_view.Summary:
         """The report's summary block: each arm against the best arm (collapsed or kept), and output equality."""
@@ -880,6 +882,13 @@ def cost_split_table(data: FlipData) -> pd.DataFrame:
     return frame.drop(columns=["arm", "kind"]) if len(frame) else frame
 
 
+def timed_step_ms(splits: pd.DataFrame, summary: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """(engine, arm) -> ms per decode step of the arm's measured, uninstrumented window (arm_summary's
+    per_step_ms: all its prompts, the profiled pass sends the first cost_split_num_prompts of them)."""
+    per_arm = dict(zip(summary["arm"], summary["per_step_ms"], strict=True)) if len(summary) else {}
+    return {(r.engine, r.lane): float(per_arm.get(r.lane, math.nan)) for r in splits.itertuples(index=False)}
+
+
 def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
     summary = arm_summary(data)
     positions = per_position_acceptance(data)
@@ -889,6 +898,7 @@ def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
     equality = output_equality(data, kept)
     traced = not data.trace_passes.empty
     matched = matched_anchors_between_arms(data) if traced else pd.DataFrame()
+    splits = cost_split_table(data)
     return FlipResult(
         description=describe_flip(data), differences=diff_table(data), summary=summary, per_position=positions,
         per_position_table=per_position_table(positions), intervals_by_arm=intervals_by_arm(data),
@@ -900,7 +910,8 @@ def analyze(data: FlipData, params: ConfigFlipParams) -> FlipResult:
         proposals=proposals_table(data) if traced else pd.DataFrame(),
         matched_anchors=matched, matched_summary=matched_anchor_summary(matched) if traced else pd.DataFrame(),
         prefix_acceptance=prefix_acceptance_between_arms(data) if traced else pd.DataFrame(),
-        cost_split=cost_split_table(data),
+        cost_split=splits, cost_split_notes=costsplit.split_notes(splits) if len(splits) else [],
+        cost_split_scaled=costsplit.scaled_splits(splits, timed_step_ms(splits, summary)) if len(splits) else pd.DataFrame(),
     )
 
 
