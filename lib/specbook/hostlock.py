@@ -84,10 +84,12 @@ def held(run_dir: Path, *, wait: bool = True, enabled: bool = True,
                        "with --no-lock") from None
     t0 = time.monotonic()
     waited_for = None
+    got = False
     try:
         while True:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
                 break
             except BlockingIOError:
                 who = holder(path)
@@ -106,7 +108,8 @@ def held(run_dir: Path, *, wait: bool = True, enabled: bool = True,
         fh.flush()
         yield HostLock("held", str(path), time.monotonic() - t0, waited_for)
     finally:
-        with contextlib.suppress(OSError):
-            fh.seek(0)
-            fh.truncate()
+        if got:  # the holder's name goes with it; a refused run leaves the holder's in place
+            with contextlib.suppress(OSError):
+                fh.seek(0)
+                fh.truncate()
         fh.close()  # closing the file releases the flock

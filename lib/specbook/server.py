@@ -176,11 +176,18 @@ class _ChildWatch:
         self._names: dict[int, str] = {}
         self._deaths: list[tuple[float, int, str, int | None]] = []
         self._root_ended: float | None = None
+        self._done = threading.Event()  # the root's end was seen (or the watch ended)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"childwatch-{root_pid}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self._done.set()
+
+    def _watch(self) -> None:
         while not self._stop.wait(self.POLL_S):
             try:
                 root = psutil.Process(self._root_pid)
@@ -201,10 +208,12 @@ class _ChildWatch:
             if self._root_ended is None and (_zombie_status(self._root_pid) is not None
                                              or not psutil.pid_exists(self._root_pid)):
                 self._root_ended = time.monotonic()
+                self._done.set()  # what died before the root is known now
             if self._root_ended is not None and time.monotonic() - self._root_ended > 1.0:
                 return
 
     def first_death(self) -> str | None:
+        self._done.wait(1.0)  # the root just ended: let the watch take its last look
         before = [d for d in self._deaths if self._root_ended is None or d[0] <= self._root_ended]
         if not before:
             return None
