@@ -342,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _log_to_stderr()
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe is met here, not in the interpreter's last flush
+        return code
     except SpecbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
