@@ -166,5 +166,7 @@ def test_an_interrupt_closes_the_clients_connections_before_it_goes_through():
             loop.run_until_complete(in_a_kernel())
     finally:
         loop.close()
-    assert connected.is_set() and closed.is_set(), "the interrupt went through with the connection still open"
+    # closed before the interrupt went through; the server's thread may take a moment to read the EOF (left open,
+    # the old worker kept the stream for the client's 600 s timeout)
+    assert connected.is_set() and closed.wait(5), "the interrupt went through with the connection still open"
     listener.close()
