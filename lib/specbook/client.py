@@ -269,12 +269,18 @@ async def run_requests(
     ) as http:
         stalled = asyncio.Event()
         tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream, stalled)) for r in requests]
-        with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
-            for fut in asyncio.as_completed(tasks):
-                recs = await fut
-                bar.update(1)
-                if any(r.error for r in recs):
-                    bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
+        try:
+            with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
+                for fut in asyncio.as_completed(tasks):
+                    recs = await fut
+                    bar.update(1)
+                    if any(r.error for r in recs):
+                        bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
+        except asyncio.CancelledError:  # an interrupt: every stream ends (its connection closed) before we go
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         records = [r for t in tasks for r in t.result()]
     if all(r.error for r in records):
         err = ClientError(
