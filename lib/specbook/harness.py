@@ -218,9 +218,11 @@ class Server:
         """A server that died or hung during the window is named as such (how it ended or that it stopped,
         its log tail), not left to surface as failed requests or a refused /metrics scrape."""
         failed = [r for r in records if r.error is not None]
+        dropped = [r for r in failed if not (r.error or "").startswith(("ReadTimeout", STALLED))]
         ended = self.managed.exit_description()
         deadline = time.monotonic() + DEATH_GRACE_S
-        while ended is None and (failed or force) and time.monotonic() < deadline:
+        # a stall is no dropped connection: nothing to wait for, the bound has been spent already
+        while ended is None and (dropped or force) and time.monotonic() < deadline:
             # a killed server closes its sockets a moment before its exit status exists: dropped connections
             # can reach us first
             time.sleep(0.05)
