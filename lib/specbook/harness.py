@@ -202,8 +202,8 @@ class Server:
             self._check_alive([], stall_timeout_s, f"while answering request {request.prompt_id}", force=True)
             raise RunError(f"request {request.prompt_id} to {self.name} ({self.base_url}): "
                            f"{type(exc).__name__}: {exc}") from exc
-        if why:
-            self._check_alive([], stall_timeout_s, f"while answering request {request.prompt_id}", force=True)
+        if why:  # dead rather than hung: say so
+            self._check_alive([], stall_timeout_s, f"while answering request {request.prompt_id}")
             raise ServerHungError(
                 f"server {self.name!r} (pid {self.managed.pid}) stopped making progress on request "
                 f"{request.prompt_id}: {why[0]} (the stall bound, {stall_timeout_s:g} s)",
