@@ -111,7 +111,8 @@ def test_a_server_stopped_mid_window_fails_the_unit_within_the_stall_bound(tmp_p
     assert "stopped by the OS" in message, message
     (record,) = run.servers()
     assert record.status == "failed" and "ServerHungError" in (record.error or "")
-    assert _none_left(seen["pids"]) and 5 <= took < 45, took
+    # the bound runs from the last token received, which a loaded host may have sent a while before the stop
+    assert _none_left(seen["pids"]) and took < 45, took
     print(f"\n[fault] SIGSTOP mid-window, stall bound 5 s: failed and torn down {took:.1f} s after the stop")
 
 
@@ -195,7 +196,7 @@ def test_contention_is_flagged_and_a_hang_outside_the_window_fails_within_the_st
     (rec,) = run.servers()
     assert rec.status == "failed" and "ServerHungError" in (rec.error or "")
     assert _none_left(pids)
-    assert 5 <= times["warm-up"] < 45 and 5 <= times["raw"] < 45, times
+    assert times["warm-up"] < 45 and times["raw"] < 45, times
     print(f"\n[fault] SIGSTOP outside the window, stall bound 5 s: warm-up send failed after {times['warm-up']:.1f} s, "
           f"raw request after {times['raw']:.1f} s; the stopped server torn down in {times['teardown']:.1f} s; "
           f"contended window: other processes {window.host_load.other_cores:.2f} cores")
