@@ -186,14 +186,17 @@ class Server:
 
             async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
                 sent = asyncio.ensure_future(http.post(url, json=body))
-                while not sent.done():
-                    await asyncio.wait([sent], timeout=_PROGRESS_POLL_S)
-                    if not sent.done() and (reason := watch.stalled(stall_timeout_s)):
-                        why.append(reason)
+                try:
+                    while not sent.done():
+                        await asyncio.wait([sent], timeout=_PROGRESS_POLL_S)
+                        if not sent.done() and (reason := watch.stalled(stall_timeout_s)):
+                            why.append(reason)
+                            break
+                finally:  # hung, or an interrupt: the request ends (its connection closed) before we go on
+                    if not sent.done():
                         sent.cancel()
                         with contextlib.suppress(BaseException):
                             await sent
-                        break
                 return sent.result() if not why else None  # type: ignore[return-value]
 
         try:
