@@ -28,6 +28,10 @@ from specbook.errors import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+# outputs go to the checkout's folder wherever specbook is run from (a -f path from elsewhere included)
+OUTPUTS_HELP = ("outputs root (default: $SPECBOOK_OUTPUTS, else the outputs/ folder of the checkout specbook runs "
+                "from: $SPECBOOK_ROOT, else the checkout above the current directory, else the one specbook is "
+                "installed from; not ./outputs of another directory)")
 
 # Errors that mean "the work failed" rather than "the input is wrong"; looked up along the MRO so
 # the most specific class wins (ModelNotPreparedError is a ModelPrepareError but a setup mistake).
@@ -78,6 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "its params.yaml with -p FIELD=VALUE (no -f, no --outputs)")
     if args.resume is None and (args.allow_params_change or args.allow_git_change):
         raise SpecbookError("run: --allow-params-change and --allow-git-change go with --resume")
+    if args.no_wait and args.no_lock:
+        raise SpecbookError("run: --no-wait waits for no lock that --no-lock does not take; give one of them")
+    host_lock = "off" if args.no_lock else "no-wait" if args.no_wait else "wait"
     from specbook.executors import ADDRESS_ENV, KIND_ENV
 
     # where the units run is no part of the params (a run started locally may resume on Ray): the kernel reads
@@ -98,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 notebook=args.notebook,
                 kernel=args.kernel,
                 progress=not args.no_progress,
+                host_lock=host_lock,
             )
         else:
             result = run_experiment(
@@ -108,6 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 notebook=args.notebook,
                 kernel=args.kernel or "specbook",
                 progress=not args.no_progress,
+                host_lock=host_lock,
             )
     except RunError as exc:
         result = getattr(exc, "result", None)
@@ -184,6 +193,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{exc} (inferred from the folder of {display_path(args.params_file)}; pass --experiment NAME)"
         ) from None
     params = load_params(spec.params_model, args.params_file, args.override)
+    params.check_inputs()  # every path it names, as `run` checks before it makes a folder
     print(
         f"ok: {display_path(args.params_file)} is valid params for {experiment} (hash {params_hash(params)[:12]})"
     )
@@ -246,8 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
     )
-    p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")
+    p.add_argument("--outputs", default=None, help=OUTPUTS_HELP)
     p.add_argument("--notebook", default=None, help="run this notebook instead of the experiment's own")
+    p.add_argument("--no-wait", action="store_true",
+                   help="refuse to start, naming the holder, while another run holds the host lock (default: wait "
+                        "for it; $SPECBOOK_HOST_LOCK, default /tmp/specbook-host.lock)")
+    p.add_argument("--no-lock", action="store_true",
+                   help="run without the host lock, beside other runs (recorded in the manifest; each window's "
+                        "host load still is)")
     p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: specbook, or the resumed run's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
@@ -264,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="join this Ray cluster ('auto', 'ray://HEAD:10001'); implies --executor ray")
 
     p = add("list", cmd_list, "list run folders with their status")
-    p.add_argument("--outputs", default=None, help="outputs root (default: ./outputs or SPECBOOK_OUTPUTS)")
+    p.add_argument("--outputs", default=None, help=OUTPUTS_HELP)
     p.add_argument("--paths", action="store_true", help="show each run folder's path")
 
     p = add(
@@ -275,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     p = add("index", cmd_index, "write ROOT/index.html listing every run under ROOT (default: outputs/)")
-    p.add_argument("--root", default=None, help="folder of runs, e.g. docs/reports (default: ./outputs or SPECBOOK_OUTPUTS)")
+    p.add_argument("--root", default=None, help="folder of runs, e.g. docs/reports (default: as --outputs of run)")
 
     p = add("diff", cmd_diff, "two runs of one experiment side by side: params, environment, headline verdicts")
     p.add_argument("run_a", help="a run folder")
@@ -326,13 +342,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _log_to_stderr()
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe is met here, not in the interpreter's last flush
+        return code
     except SpecbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `specbook ingest ... --json | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from tqdm import tqdm
 
 from specbook.errors import ClientError
+
+_T = TypeVar("_T")
 
 
 def turn_id(prompt_id: str, turn: int) -> str:
@@ -265,12 +269,18 @@ async def run_requests(
     ) as http:
         stalled = asyncio.Event()
         tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream, stalled)) for r in requests]
-        with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
-            for fut in asyncio.as_completed(tasks):
-                recs = await fut
-                bar.update(1)
-                if any(r.error for r in recs):
-                    bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
+        try:
+            with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
+                for fut in asyncio.as_completed(tasks):
+                    recs = await fut
+                    bar.update(1)
+                    if any(r.error for r in recs):
+                        bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
+        except asyncio.CancelledError:  # an interrupt: every stream ends (its connection closed) before we go
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         records = [r for t in tasks for r in t.result()]
     if all(r.error for r in records):
         err = ClientError(
@@ -281,19 +291,52 @@ async def run_requests(
     return records
 
 
-def run_requests_sync(base_url: str, model: str, requests: Sequence[ChatRequest], **kwargs: Any) -> list[RequestRecord]:
-    """`run_requests` from synchronous code, also inside a running loop (Jupyter): a worker thread runs it."""
-    coro_args = (base_url, model, requests)
+# How long an interrupted call waits for its requests to be cancelled and their connections closed: a server
+# whose client keeps its streams open waits for them to close before it shuts down (uvicorn: until its grace)
+CLOSE_BOUND_S = 2.0
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run the coroutine `make()` returns from synchronous code, also inside a running loop (Jupyter: a worker
+    thread runs it). An interrupt (Ctrl-C, SIGTERM as KeyboardInterrupt) cancels it and waits, at most
+    CLOSE_BOUND_S, until its connections are closed, before it goes on: the server is stopped only after."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_requests(*coro_args, **kwargs))
+        return asyncio.run(make())  # asyncio.run cancels its task on Ctrl-C, closing the connections
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    task: list[asyncio.Task[_T]] = []
+
+    def work() -> _T:
+        asyncio.set_event_loop(loop)
+        try:
+            task.append(loop.create_task(make()))
+            started.set()
+            return loop.run_until_complete(task[0])
+        finally:
+            started.set()
+            loop.close()
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specbook-client")
+    future = pool.submit(work)
     try:
-        return pool.submit(lambda: asyncio.run(run_requests(*coro_args, **kwargs))).result()
+        return future.result()
+    except BaseException:
+        if not future.done() and started.wait(CLOSE_BOUND_S) and task:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to cancel
+                loop.call_soon_threadsafe(task[0].cancel)
+            with contextlib.suppress(BaseException):
+                future.result(timeout=CLOSE_BOUND_S)
+        raise
     finally:
-        # Ctrl-C must not wait for the worker: it ends by itself once the server's connections close
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_requests_sync(base_url: str, model: str, requests: Sequence[ChatRequest], **kwargs: Any) -> list[RequestRecord]:
+    """`run_requests` from synchronous code, also inside a running loop (Jupyter); an interrupt closes its
+    connections before it goes through (run_sync)."""
+    return run_sync(lambda: run_requests(base_url, model, requests, **kwargs))
 
 
 def records_frame(records: Sequence[RequestRecord]):

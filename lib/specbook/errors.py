@@ -95,3 +95,60 @@ class ExperimentError(SpecbookError):
 
 class MetricsError(SpecbookError):
     """A server's /metrics cannot be scraped or parsed, or a counter went down (restart); names the URL or counter."""
+
+
+# Lines that name a failure's cause, in a message and the log tail it carries: what a cut must keep
+_CAUSE = None
+ERROR_CHARS = 2000  # what the console, the manifest and a server record keep of one error
+
+
+def keep_cause(text: str, limit: int = ERROR_CHARS) -> str:
+    """`text` cut to about `limit` characters keeping what names the cause: its first line (the message), the
+    lines that say error, exception, errno, traceback, killed or died (the last of them first: a traceback's
+    last frames, vLLM's `OSError: [Errno 98] Address already in use` under its route listing), then its last
+    lines; every gap is marked with the number of lines left out."""
+    global _CAUSE
+    if len(text) <= limit:
+        return text
+    import re
+
+    if _CAUSE is None:
+        _CAUSE = re.compile(r"error|exception|errno|traceback|fatal|killed|died|abort|refused|denied|"
+                            r"no such file|not found|out of memory|---->|^\s*File \"", re.IGNORECASE)
+    lines = [ln if len(ln) <= 300 else ln[:297] + "..." for ln in text.splitlines()]
+    keep: set[int] = set()
+    used = 0
+
+    def take(i: int, budget: int) -> bool:
+        nonlocal used
+        if i in keep:
+            return True
+        if used + len(lines[i]) + 1 > budget:
+            return False
+        keep.add(i)
+        used += len(lines[i]) + 1
+        return True
+
+    take(0, limit)
+    for i in range(1, min(3, len(lines))):  # the message's own lines ("  log: PATH")
+        if lines[i].startswith("  log:"):
+            take(i, limit)
+    cause_budget = int(limit * 0.7)
+    for i in reversed(range(len(lines))):
+        if _CAUSE.search(lines[i]):
+            take(i, cause_budget)
+    for i in reversed(range(len(lines))):
+        if not take(i, limit - 60):
+            break
+    out, gap = [], 0
+    for i, line in enumerate(lines):
+        if i in keep:
+            if gap:
+                out.append(f"  [... {gap} line{'s' if gap != 1 else ''} left out ...]")
+                gap = 0
+            out.append(line)
+        else:
+            gap += 1
+    if gap:
+        out.append(f"  [... {gap} line{'s' if gap != 1 else ''} left out ...]")
+    return "\n".join(out)

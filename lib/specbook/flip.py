@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from specbook import dotted as dotted_path
 from specbook.digest import sha256_bytes, sha256_file
+from specbook.diskwrite import write_text_atomic
 from specbook.errors import ExperimentError
 
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
@@ -112,12 +113,21 @@ def resolve_inside(folder: Path, file: str, field: str = "flip.file") -> Path:
     check_relative_file(file, field)
     root = Path(folder).resolve()
     target = (root / file).resolve()
-    if not target.is_relative_to(root):
+    if not any(target.is_relative_to(inside) for inside in own_storage(root)):
         raise ExperimentError(
             f"{field} {file!r} resolves to {target}, outside the model folder {root} (through a symbolic link); "
             "only a file of the folder itself can be flipped"
         )
     return target
+
+
+def own_storage(root: Path) -> list[Path]:
+    """Where a model folder's files may really lie: the folder, and for a Hugging Face hub snapshot
+    (CACHE/models--ORG--NAME/snapshots/REV, whose files link to ../../blobs/SHA) its own cache's blobs."""
+    places = [root]
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
+        places.append(root.parent.parent / "blobs")
+    return places
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +221,7 @@ def build_flipped_folder(
     written = resolve_inside(dest, file)
     if (dest / file).is_symlink() or not written.is_file():
         raise ExperimentError(f"flip.file {file!r}: its copy in {dest} is not a regular file; nothing was edited")
-    written.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(written, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
     folder = FlippedFolder(
         path=dest, source=source, file=file, field=field, value=value,

@@ -14,6 +14,8 @@ save their frames after each unit of work (RunContext.append_frame), so nothing 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook import progress
+from specbook import errors, progress
 from specbook.acceptance import Acceptance
 from specbook.client import STALLED
 from specbook.errors import ClientError, RunError, ServerDiedError, ServerHungError
@@ -32,14 +34,18 @@ if TYPE_CHECKING:
 
     from specbook.client import ChatRequest, RequestRecord
     from specbook.engines.base import Engine, EngineConfig
+    from specbook.hostload import HostLoad
     from specbook.metrics import CounterDelta
     from specbook.runstore import RunContext
     from specbook.server import ManagedServer
 
 
 # A streamed request that receives no token for this long fails, and its window with it: a hung server
-# costs a minute, not the client's whole-request timeout (600 s) per request.
+# costs a minute, not the client's whole-request timeout (600 s) per request. Every request the book sends
+# has this bound: measured windows, warm-up, cold, trace, profile and equal-work passes (a non-streamed one:
+# no CPU used by the server for this long, or its processes stopped).
 STALL_TIMEOUT_S = 60.0
+_PROGRESS_POLL_S = 0.5
 DEATH_GRACE_S = 2.0  # how long failed requests wait for a dying server's exit status
 
 
@@ -55,6 +61,7 @@ class Window:
     log_start: int  # byte offsets of the server log written during the window
     log_end: int
     engine: Engine = field(repr=False)
+    host_load: HostLoad | None = None  # the host's load over the window from processes not the run's own
 
     @property
     def acceptance(self) -> Acceptance:
@@ -115,11 +122,13 @@ def read_log_range(path: Path, start: int, end: int | None = None) -> str:
 class Server:
     """A ready engine server inside `serve`: send unmeasured requests, measure windows, post raw requests."""
 
-    def __init__(self, managed: ManagedServer, engine: Engine, cfg: EngineConfig, versions: dict[str, str]):
+    def __init__(self, managed: ManagedServer, engine: Engine, cfg: EngineConfig, versions: dict[str, str],
+                 run: RunContext | None = None):
         self.managed = managed
         self.engine = engine
         self.cfg = cfg
         self.versions = versions
+        self.run = run  # where each window's host load is recorded (data/host_load.jsonl)
 
     @property
     def name(self) -> str:
@@ -141,41 +150,101 @@ class Server:
     def ready_s(self) -> float | None:
         return self.managed.ready_s
 
-    def send(self, requests: Sequence[ChatRequest], *, concurrency: int = 1) -> list[RequestRecord]:
-        """Requests outside any window (warm-up): not measured."""
+    def send(self, requests: Sequence[ChatRequest], *, concurrency: int = 1,
+             stall_timeout_s: float = STALL_TIMEOUT_S) -> list[RequestRecord]:
+        """Requests outside any window (warm-up): not measured, but bounded as a window is: a server that
+        died or stopped making progress raises ServerDiedError / ServerHungError within `stall_timeout_s`."""
         from specbook.client import run_requests_sync
 
-        return run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency, progress=False)
+        try:
+            records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
+                                        stall_timeout_s=stall_timeout_s, progress=False)
+        except ClientError as exc:
+            self._check_alive(getattr(exc, "records", []), stall_timeout_s, "while answering unmeasured requests")
+            raise
+        self._check_alive(records, stall_timeout_s, "while answering unmeasured requests")
+        return records
 
-    def post_raw(self, request: ChatRequest, timeout_s: float = 600) -> dict[str, Any]:
-        """One non-streamed request keeping the server's whole JSON (llama.cpp adds `timings`)."""
+    def post_raw(self, request: ChatRequest, timeout_s: float = 600,
+                 stall_timeout_s: float = STALL_TIMEOUT_S) -> dict[str, Any]:
+        """One non-streamed request keeping the server's whole JSON (llama.cpp adds `timings`).
+
+        No bytes come back before the whole answer, so the stall bound reads the server itself: a server whose
+        processes used no CPU for `stall_timeout_s`, or are stopped, is hung (ServerHungError); one that died
+        raises ServerDiedError. An interrupt closes the connection before it goes through."""
         import httpx
 
+        from specbook.client import run_sync
+
         body = request.payload(self.model_name, stream=False)
-        resp = httpx.post(self.base_url.rstrip("/") + request.endpoint, json=body, timeout=timeout_s, trust_env=False)
+        url = self.base_url.rstrip("/") + request.endpoint
+        watch = _Progress(self.managed)
+        why: list[str] = []
+
+        async def post() -> httpx.Response:
+            import asyncio
+
+            async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
+                sent = asyncio.ensure_future(http.post(url, json=body))
+                try:
+                    while not sent.done():
+                        await asyncio.wait([sent], timeout=_PROGRESS_POLL_S)
+                        if not sent.done() and (reason := watch.stalled(stall_timeout_s)):
+                            why.append(reason)
+                            break
+                finally:  # hung, or an interrupt: the request ends (its connection closed) before we go on
+                    if not sent.done():
+                        sent.cancel()
+                        with contextlib.suppress(BaseException):
+                            await sent
+                return sent.result() if not why else None  # type: ignore[return-value]
+
+        try:
+            resp = run_sync(post)
+        except httpx.HTTPError as exc:
+            self._check_alive([], stall_timeout_s, f"while answering request {request.prompt_id}", force=True)
+            raise RunError(f"request {request.prompt_id} to {self.name} ({self.base_url}): "
+                           f"{type(exc).__name__}: {exc}") from exc
+        if why:  # dead rather than hung: say so
+            self._check_alive([], stall_timeout_s, f"while answering request {request.prompt_id}")
+            raise ServerHungError(
+                f"server {self.name!r} (pid {self.managed.pid}) stopped making progress on request "
+                f"{request.prompt_id}: {why[0]} (the stall bound, {stall_timeout_s:g} s)",
+                log_path=str(self.log_path), log_tail=self.managed.log_tail())
         if resp.status_code != 200:
             raise RunError(f"request {request.prompt_id} to {self.name} ({self.base_url}): HTTP {resp.status_code}: "
                            f"{resp.text[:300]}")
         return resp.json()
 
-    def _check_alive(self, records: Sequence[RequestRecord], stall_timeout_s: float) -> None:
+    def _check_alive(self, records: Sequence[RequestRecord], stall_timeout_s: float,
+                     during: str = "during the measured window", force: bool = False) -> None:
         """A server that died or hung during the window is named as such (how it ended or that it stopped,
         its log tail), not left to surface as failed requests or a refused /metrics scrape."""
         failed = [r for r in records if r.error is not None]
+        dropped = [r for r in failed if not (r.error or "").startswith(("ReadTimeout", STALLED))]
         ended = self.managed.exit_description()
         deadline = time.monotonic() + DEATH_GRACE_S
-        while ended is None and failed and time.monotonic() < deadline:
+        # a stall is no dropped connection: nothing to wait for, the bound has been spent already
+        while ended is None and (dropped or force) and time.monotonic() < deadline:
             # a killed server closes its sockets a moment before its exit status exists: dropped connections
             # can reach us first
             time.sleep(0.05)
             ended = self.managed.exit_description()
         if ended is not None:
             raise ServerDiedError(
-                f"server {self.name!r} (pid {self.managed.pid}) died during the measured window: {ended}; "
-                f"{len(failed)} of {len(records)} requests failed",
+                f"server {self.name!r} (pid {self.managed.pid}) died {during}: {ended}"
+                + (f"; {len(failed)} of {len(records)} requests failed" if records else ""),
                 log_path=str(self.log_path), log_tail=self.managed.log_tail(),
             )
         stalled = [r for r in failed if (r.error or "").startswith(("ReadTimeout", STALLED))]
+        if stalled and during != "during the measured window":
+            stopped = self.managed.stopped_processes()
+            raise ServerHungError(
+                f"server {self.name!r} (pid {self.managed.pid}) stopped making progress {during}: {len(stalled)} "
+                f"of {len(records)} requests received no token for {stall_timeout_s:g} s (the stall bound)"
+                + (f"; its processes are stopped by the OS ({', '.join(stopped)})" if stopped else ""),
+                log_path=str(self.log_path), log_tail=self.managed.log_tail(),
+            )
         if stalled:
             stopped = self.managed.stopped_processes()
             state = (f"its processes are stopped by the OS ({', '.join(stopped)})" if stopped
@@ -193,11 +262,14 @@ class Server:
 
         A request that receives no token for `stall_timeout_s` fails; a window whose server died or hung
         raises ServerDiedError / ServerHungError naming it, within that bound."""
+        from specbook import hostload
         from specbook.client import run_requests_sync
         from specbook.metrics import scrape
 
         log_start = log_size(self.log_path)
         before = scrape(self.base_url)
+        own = self.managed.surviving_pids()
+        host_before = hostload.snapshot(own)
         t0 = time.monotonic()
         try:
             records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
@@ -206,7 +278,15 @@ class Server:
             self._check_alive(getattr(exc, "records", []), stall_timeout_s)
             raise
         wall = request_span_s(records, fallback=time.monotonic() - t0)
+        host_load = hostload.between(host_before, own)
         self._check_alive(records, stall_timeout_s)
+        if self.run is not None:
+            from specbook.diskwrite import append_line
+
+            append_line(self.run.data_dir / hostload.HOST_LOAD_NAME, json.dumps(host_load.record(self.name)))
+        if host_load.contended:
+            progress.note(f"{self.name}: measured under contention: other processes took "
+                          f"{host_load.other_cores:.2f} cores ({', '.join(host_load.top) or 'not seen'})")
         progress.note(f"{self.name}: " + progress.requests_line(
             sum(1 for r in records if not r.error), len(records), sum(r.completion_tokens or 0 for r in records), wall))
         if flush_wait_s > 0:
@@ -214,7 +294,28 @@ class Server:
         after = scrape(self.base_url)
         counters = self.engine.spec_decode_delta(before, after, self.model_name)
         return Window(self.name, records, wall, counters, self.log_path, log_start, log_size(self.log_path),
-                      self.engine)
+                      self.engine, host_load)
+
+
+class _Progress:
+    """Whether a server still works on a request that returns nothing before it is whole: CPU time used by its
+    processes (a GPU engine's loop uses CPU too)."""
+
+    def __init__(self, managed: ManagedServer):
+        self.managed = managed
+        self.last_cpu = managed.cpu_seconds()
+        self.last_change = time.monotonic()
+
+    def stalled(self, bound_s: float) -> str | None:
+        now, cpu = time.monotonic(), self.managed.cpu_seconds()
+        if cpu - self.last_cpu > 0.01:
+            self.last_cpu, self.last_change = cpu, now
+            return None
+        if now - self.last_change < bound_s:
+            return None
+        stopped = self.managed.stopped_processes()
+        return (f"its processes used no CPU for {now - self.last_change:.0f} s"
+                + (f"; they are stopped by the OS ({', '.join(stopped)})" if stopped else ""))
 
 
 # Servers launched ahead of their unit (start_ahead), by name, until that unit's `serve` takes its own.
@@ -290,17 +391,20 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
     status, error = "ok", None
     processes: int | None = None
     try:
+        if managed.pid is None:
+            managed.start()
+        run.mark_server_pending(name, managed.argv, managed.launched_env, managed.started_at, extra)
         with managed:
             _wait_ahead_ready()
             progress.note(f"{name}: server ready in {progress.duration(managed.ready_s)}")
             processes = managed.process_count()  # the engine's process layout, an asymmetry between engines
             versions = engine.probe_versions(managed.base_url)
-            yield Server(managed, engine, cfg, versions)
+            yield Server(managed, engine, cfg, versions, run)
     except (KeyboardInterrupt, SystemExit) as exc:
         status, error = "interrupted", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise
     except BaseException as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}"[:2000]
+        status, error = "failed", errors.keep_cause(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         stopped = managed.stopped_at or datetime.now(timezone.utc)
@@ -312,3 +416,4 @@ def serve(cfg: EngineConfig, run: RunContext, name: str, *, extra: dict[str, Any
             startup = {**startup, "processes": processes}
         run.record_server(name, managed.argv, managed.launched_env, versions, managed.started_at, stopped,
                           managed.ready_s, extra=extra, startup=startup, status=status, error=error)
+        run.clear_server_pending(name)

@@ -73,13 +73,15 @@ class FailedCell(BaseModel):
     notebook_index: int | None = None
     exec_count: int | None = None
     first_line: str = ""
+    failing_line: str | None = Field(None, description="the line of the cell that raised (the call that failed)")
     ename: str = ""
     evalue: str = ""
 
     def describe(self) -> str:
         where = f"cell {self.notebook_index}" if self.notebook_index is not None else "a cell"
         count = f" (In [{self.exec_count}])" if self.exec_count is not None else ""
-        return f"{where}{count} `{self.first_line}` raised {self.ename}: {self.evalue}"
+        at = f"at `{self.failing_line}`" if self.failing_line else f"`{self.first_line}`"
+        return f"{where}{count} {at} raised {self.ename}: {self.evalue}"
 
 
 class RenderRecord(BaseModel):
@@ -150,6 +152,8 @@ class Manifest(BaseModel):
         None, description="report.html rendered (ok) or not (failed: render_error says why; `specbook render` "
         "retries). A failed html step never fails the run. None in runs recorded before this field")
     render_error: str | None = None
+    host_lock: dict[str, Any] = Field(default_factory=dict, description="the host lock of the run's servers: mode "
+                                      "held or off (--no-lock), its path, how long the run waited and for whom")
     warnings: list[str] = Field(default_factory=list, description="damage the run's files showed and the runner "
                                 "skipped (a servers.jsonl line torn by a killed runner)")
     parts: list[RunPart] = Field(default_factory=list, description="each start of the collection (empty in runs "

@@ -43,6 +43,48 @@ class ExperimentParams(BaseModel):
     name: str | None = None
     description: str = ""
 
+    def check_inputs(self) -> None:
+        """Every input file the params name can be read (ParamsError naming the field and value): `specbook
+        check` and the runner call this before any run folder exists. Here: each local input file of a
+        workload (`path`, `test_path`, `train_path` anywhere below); an experiment adds its own."""
+        for dotted, value in _input_paths(self, ""):
+            readable_input(dotted, value)
+
+
+INPUT_PATH_FIELDS = ("path", "test_path", "train_path")
+
+
+def _input_paths(model: BaseModel, prefix: str) -> list[tuple[str, str]]:
+    out = []
+    for name in type(model).model_fields:
+        value = getattr(model, name, None)
+        dotted = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            out += _input_paths(value, dotted + ".")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    out += _input_paths(item, f"{dotted}.{i}.")
+        elif name in INPUT_PATH_FIELDS and isinstance(value, str) and value:
+            out.append((dotted, value))
+    return out
+
+
+def readable_input(field_name: str, value: str) -> Path:
+    """An input path of the params (relative to the project root), checked readable; ParamsError naming the
+    field, the value and the path looked at otherwise."""
+    from specbook.paths import project_root
+
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else (project_root() / path).resolve()
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ParamsError(f"{field_name}: {value!r} cannot be read (looked at {path}): "
+                          f"{exc.strerror or exc}") from None
+    return path
+
 
 def display_path(path: str | os.PathLike[str]) -> str:
     """The path as the user should read it: relative to cwd when it lies below it."""
@@ -164,8 +206,9 @@ def dump_params(params: BaseModel, path: str | os.PathLike[str], *, redact: bool
     path = Path(path)
     data = params.model_dump(mode="json")
     text = yaml.safe_dump(redact_data(data) if redact else data, sort_keys=False, allow_unicode=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    from specbook.diskwrite import write_text_atomic
+
+    return write_text_atomic(path, text)
 
 
 def params_display_name(params: BaseModel, path: str | os.PathLike[str] | None = None) -> str:

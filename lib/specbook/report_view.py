@@ -202,12 +202,16 @@ def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None
     collected = collection_line(run_parts(run_dir))
     if collected:
         evidence.append(collected)
+    from specbook.hostload import contention_line
+
+    contention = contention_line(run_dir)
     return (
         _STYLE + "<div class='sb-summary'><h2>Summary</h2>"
         f"<p class='sb-q'><b>Question.</b> {_e(summary.question)}</p>"
         "<table class='sb-table'><thead><tr>" + "".join(f"<th class='sb-text'>{_e(x)}</th>" for x in heads) +
         f"</tr></thead><tbody>{rows}</tbody></table>"
-        f"<p class='sb-evidence'><b>Evidence.</b> {_e('; '.join(evidence))}</p></div>"
+        f"<p class='sb-evidence'><b>Evidence.</b> {_e('; '.join(evidence))}</p>"
+        + (f"<p class='sb-evidence'><b>Contention.</b> {_e(contention)}</p>" if contention else "") + "</div>"
     )
 
 
@@ -350,11 +354,9 @@ def save_summary(summary: Summary, path: str | os.PathLike[str]) -> Path:
     import dataclasses
     import json
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(summary), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    from specbook.diskwrite import write_text_atomic
+
+    return write_text_atomic(path, json.dumps(dataclasses.asdict(summary), indent=1, ensure_ascii=False) + "\n")
 
 
 def show_table(df: pd.DataFrame, **kw: Any) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbook.diskwrite import write_text_atomic
 from specbook.errors import ParamsError, RunError
 from specbook.secrets import REDACTED
 
@@ -152,7 +153,7 @@ def set_aside_unfinished(ctx: RunContext, units: Units) -> dict[str, Any]:
     if not any(moved.values()):
         return {}
     moved["folder"] = str(folder.relative_to(ctx.run_dir))
-    (folder / "set_aside.json").write_text(json.dumps(moved, indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(folder / "set_aside.json", json.dumps(moved, indent=1) + "\n")
     return moved
 
 
@@ -209,10 +210,8 @@ def _set_aside_server_records(ctx: RunContext, servers: set[str], target, moved:
         (keep if name in servers else aside).append(line)
     if not aside:
         return
-    target(SERVERS_NAME).write_text("\n".join(aside) + "\n", encoding="utf-8")
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(target(SERVERS_NAME), "\n".join(aside) + "\n")
+    write_text_atomic(path, "".join(ln + "\n" for ln in keep))
     moved["servers"] = [r["name"] if isinstance(r := _json_or_none(ln), dict) and r.get("name")
                         else f"(unreadable line {ln[:40]!r})" for ln in aside]
 

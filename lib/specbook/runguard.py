@@ -33,9 +33,9 @@ from pathlib import Path
 import psutil
 
 from specbook.manifest import iso_utc, read_manifest, utc_now, write_manifest
+from specbook.secrets import RUN_TOKEN_ENV
 from specbook.server import MARKER_ENV
 
-RUN_TOKEN_ENV = "SPECBOOK_RUN_TOKEN"
 # Longer than a server's own teardown (TERM 20 s + KILL 10 s): the kernel gets the first chance.
 SERVER_STOP_BOUND_S = 45.0
 TERM_GRACE_S = 10.0
@@ -313,6 +313,16 @@ def watch(runner_pid: int, run_dir: Path, token: str) -> int:
     survivors = stop(servers)
     others_left = stop(_alive(others) + run_processes(token)[1], term_grace_s=5.0)
     gone_s = time.monotonic() - t0
+    try:  # the kernel died with its units: their servers still get a record
+        from specbook.runstore import RunContext
+
+        settled = RunContext(run_dir).settle_pending_servers(
+            "failed", f"the runner (pid {runner_pid}) died; the watchdog stopped this server")
+    except Exception as exc:  # noqa: BLE001 - the mark below matters more
+        say(f"could not record the pending servers: {type(exc).__name__}: {exc}")
+        settled = []
+    if settled:
+        say(f"recorded the servers whose unit never ended: {', '.join(settled)}")
     note = (f"the watchdog stopped {len(servers)} server process(es) and {len(others)} other(s) in {gone_s:.1f} s"
             + (f"; still alive: {_describe(survivors + others_left)}" if survivors or others_left else ""))
     say(note)

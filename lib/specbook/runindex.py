@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specbook.diskwrite import write_text_atomic
 from specbook.report_view import short_clause, table_html
 
 INDEX_HTML = "index.html"
@@ -108,10 +109,7 @@ def write_index(root: str | os.PathLike[str], title: str | None = None) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     out = root / INDEX_HTML
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(index_html(index_rows(root), title or f"specbook runs in {root}"), encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_text_atomic(out, index_html(index_rows(root), title or f"specbook runs in {root}"))
 
 
 def refresh_index(root: str | os.PathLike[str]) -> Path | None:

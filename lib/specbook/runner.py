@@ -10,6 +10,7 @@ Notebooks run with cwd = the run folder, so anything a cell writes by relative p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,10 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook import __version__, resume, runguard, runindex, secrets
+from specbook import __version__, hostlock, resume, runguard, runindex, secrets
 from specbook.digest import sha256_bytes, sha256_file_or_none
-from specbook.diskwrite import write_text_atomic
-from specbook.errors import NotebookExecutionError, RunError
+from specbook.diskwrite import write_atomic, write_text_atomic
+from specbook.errors import DiskFullError, NotebookExecutionError, RunError, keep_cause
 from specbook.fingerprint import git_info, hardware_fingerprint, library_versions, python_info
 from specbook.kernels import IPCKernelManager
 from specbook.manifest import (
@@ -142,6 +143,13 @@ def check_notebook(path: str | os.PathLike[str]) -> None:
 # Run folder
 
 
+def _check_inputs(params: Any) -> None:
+    """Every path the params name (workload files, a flip folder, log globs) before the run folder is made."""
+    check = getattr(params, "check_inputs", None)
+    if check is not None:
+        check()
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "-", text).strip("-.") or "params"
 
@@ -191,6 +199,21 @@ def _first_line(source: str) -> str:
     return next((ln.strip() for ln in source.splitlines() if ln.strip()), "")[:200]
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ARROW = re.compile(r"^-+>\s*\d+\s?(?P<code>.*)$")
+
+
+def _failing_call(traceback: list[str] | None, source: str) -> str | None:
+    """The line of the cell that raised: the first `---->` line of IPython's traceback is the cell's own frame
+    (the call that failed), where the cell's first line is an import that did not."""
+    for chunk in traceback or []:
+        for line in _ANSI.sub("", str(chunk)).splitlines():
+            m = _ARROW.match(line.strip())
+            if m and m.group("code").strip():
+                return m.group("code").strip()[:200]
+    return None
+
+
 def _failed_cell_from(exc: Any, source_nb_path: Path) -> FailedCell:
     """The cell papermill reports as raising, with its index mapped back to the source notebook."""
     return FailedCell(
@@ -198,8 +221,9 @@ def _failed_cell_from(exc: Any, source_nb_path: Path) -> FailedCell:
         notebook_index=_source_index(exc.cell_index, source_nb_path),
         exec_count=exc.exec_count,
         first_line=_first_line(exc.source or ""),
+        failing_line=_failing_call(getattr(exc, "traceback", None), exc.source or ""),
         ename=str(exc.ename),
-        evalue=str(exc.evalue)[:2000],
+        evalue=keep_cause(str(exc.evalue)),
     )
 
 
@@ -225,7 +249,7 @@ def _last_started_cell(exc: BaseException, report: Path, source_nb_path: Path) -
         exec_count=cell.get("execution_count"),
         first_line=_first_line(cell.source),
         ename=type(exc).__name__,
-        evalue=str(exc)[:2000],
+        evalue=keep_cause(str(exc)),
     )
 
 
@@ -250,6 +274,35 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+class _AtomicLocalHandler:
+    """papermill's local file handler with its writes made atomic (specbook.diskwrite): papermill rewrites the
+    output notebook after every cell, and a write cut by a full disk would leave it truncated."""
+
+    def __init__(self, local: Any):
+        self._local = local
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._local, name)
+
+    def write(self, buf: str, path: str) -> None:
+        write_text_atomic(path, buf)
+
+
+@contextmanager
+def _atomic_notebook_writes(run_dir: Path) -> Iterator[None]:
+    """Inside, papermill writes every notebook under run_dir through the atomic writer."""
+    from papermill.iorw import papermill_io
+
+    local = papermill_io.get_handler("report.ipynb")
+    entry = (str(run_dir) + os.sep, _AtomicLocalHandler(local))
+    papermill_io._handlers.insert(0, entry)  # papermill's own registry (register() has no removal)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            papermill_io._handlers.remove(entry)
+
+
 def _execute(
     notebook: Path, run_dir: Path, kernel: str, reuse_data: bool, progress: bool, params_file: Path | None = None
 ) -> tuple[FailedCell | None, str | None]:
@@ -265,7 +318,7 @@ def _execute(
         "reuse_data": reuse_data,
     }
     try:
-        with console_progress(run_dir / "logs" / "progress.log"):  # the collection's progress, kept out of the report
+        with console_progress(run_dir / "logs" / "progress.log"), _atomic_notebook_writes(run_dir):
             papermill.execute_notebook(
                 str(notebook),
                 str(run_dir / REPORT_IPYNB),
@@ -391,6 +444,7 @@ def _shown(params: Any, overrides: list[str], command: list[str]) -> _Shown:
     overrides_shown = [secrets.redact_override(o, found) for o in overrides]
     command_shown = secrets.redact_argv(command, found)
     scrub = secrets.Scrubber(found | secrets.env_secret_values(os.environ))
+    params_shown = scrub.data(params_shown)  # a secret's value in a free-text field (a description) too
     # the hash of what is shown: a hash of the secret itself would let a reader test guesses of it offline
     canonical = json.dumps(params_shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return _Shown(params=params_shown, overrides=[scrub(o) for o in overrides_shown],
@@ -438,9 +492,7 @@ def _scrub_report(run_dir: Path, scrub: secrets.Scrubber) -> None:
         return
     clean = _scrub_tree(nb, scrub)
     if clean != nb:
-        tmp = report.with_suffix(".ipynb.tmp")
-        tmp.write_text(json.dumps(clean, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, report)
+        write_text_atomic(report, json.dumps(clean, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def _scrub_summaries(run_dir: Path, scrub: secrets.Scrubber) -> None:
@@ -453,15 +505,55 @@ def _scrub_summaries(run_dir: Path, scrub: secrets.Scrubber) -> None:
             continue
         clean = scrub.data(doc)
         if clean != doc:
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(clean, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, json.dumps(clean, indent=1, ensure_ascii=False) + "\n")
 
 
 def _scrub_manifest(manifest: Manifest, scrub: secrets.Scrubber) -> None:
     manifest.error = scrub(manifest.error) if manifest.error else manifest.error
     if manifest.failed_cell is not None:
         manifest.failed_cell = FailedCell.model_validate(_scrub_tree(manifest.failed_cell.model_dump(), scrub))
+
+
+def _write_manifest(run_dir: Path, manifest: Manifest, scrub: secrets.Scrubber) -> None:
+    """The manifest with every known secret value hidden wherever it appears (params.description, errors, the
+    servers' records), not only under a secret name."""
+    write_manifest(run_dir, Manifest.model_validate(scrub.data(manifest.model_dump(mode="json"))))
+
+
+def _dump_params_shown(params: Any, path: Path, scrub: secrets.Scrubber) -> None:
+    """params.yaml with secrets hidden by name (dump_params) and by value (a description that repeats one)."""
+    dump_params(params, path)
+    if scrub:
+        text = path.read_text(encoding="utf-8")
+        if scrub(text) != text:
+            write_text_atomic(path, scrub(text))
+
+
+# Files the by-value scrub leaves alone: binary frames and images (the report notebook has its own pass, which
+# spares embedded images)
+_NOT_SCRUBBED = frozenset({".parquet", ".png", ".jpg", ".jpeg", ".gif", ".pdf", ".ipynb"})
+
+
+def _scrub_run_files(run_dir: Path, scrub: secrets.Scrubber) -> list[str]:
+    """Every text file of the run folder (JSON, JSONL, YAML, logs, html) with the known secret values hidden;
+    the files it changed. A file no value occurs in is not rewritten."""
+    if not scrub:
+        return []
+    needles = [v.encode("utf-8") for v in scrub.values]
+    changed = []
+    for path in sorted(run_dir.rglob("*")):
+        if not path.is_file() or path.suffix in _NOT_SCRUBBED or path.is_symlink():
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if not any(n in data for n in needles):
+            continue
+        text = scrub(data.decode("utf-8", "surrogateescape"))
+        write_atomic(path, lambda tmp, text=text: tmp.write_bytes(text.encode("utf-8", "surrogateescape")))
+        changed.append(str(path.relative_to(run_dir)))
+    return changed
 
 
 def run_experiment(
@@ -472,15 +564,19 @@ def run_experiment(
     notebook: str | os.PathLike[str] | None = None,
     kernel: str = "specbook",
     progress: bool = True,
+    host_lock: str = "wait",
 ) -> RunResult:
     """Run experiment `name` with the params in `params_file`; raises NotebookExecutionError if a cell fails.
 
-    Params, notebook and kernel are checked before the run folder is made, so bad input leaves nothing.
+    Params (every path they name among them), notebook and kernel are checked before the run folder is made,
+    so bad input leaves nothing. `host_lock`: "wait" for the host lock (specbook.hostlock), "no-wait" (refused
+    while another run holds it) or "off" (recorded in the manifest).
     """
     from specbook.experiments.registry import get_experiment
 
     spec = get_experiment(name)
     params = load_params(spec.params_model, params_file, list(overrides))
+    _check_inputs(params)
     nb_path = Path(notebook).resolve() if notebook else spec.notebook_path()
     check_notebook(nb_path)
     check_kernel(kernel)
@@ -491,8 +587,8 @@ def run_experiment(
     params_name = params_display_name(params, params_file)
     root = Path(outputs_root) if outputs_root else outputs_dir()
     run_dir = make_run_dir(root / name, started, params_name, git.short_sha).resolve()
-    dump_params(params, run_dir / PARAMS_YAML)  # secrets hidden
     shown = _shown(params, list(overrides), list(sys.argv))
+    _dump_params_shown(params, run_dir / PARAMS_YAML, shown.scrub)
     RunContext(run_dir)  # data/ and logs/ exist before the first cell runs
 
     manifest = Manifest(
@@ -516,8 +612,9 @@ def run_experiment(
         hardware=hardware_fingerprint(),
         parts=[RunPart(started_at=iso_utc(started), host=socket.gethostname(), pid=os.getpid(), git_sha=git.sha)],
     )
-    write_manifest(run_dir, manifest)
-    return _collect(name, manifest, run_dir, nb_path, kernel, params, shown, progress, t0)
+    _write_manifest(run_dir, manifest, shown.scrub)
+    _reserve_space(run_dir)
+    return _collect(name, manifest, run_dir, nb_path, kernel, params, shown, progress, t0, host_lock)
 
 
 def resume_experiment(
@@ -529,6 +626,7 @@ def resume_experiment(
     notebook: str | os.PathLike[str] | None = None,
     kernel: str | None = None,
     progress: bool = True,
+    host_lock: str = "wait",
 ) -> RunResult:
     """Continue an abandoned, failed or interrupted run in its own folder (`specbook run --resume`).
 
@@ -547,6 +645,7 @@ def resume_experiment(
     if not params_path.is_file():
         raise RunError(f"{params_path}: missing; cannot resume without the run's params")
     params = load_params(spec.params_model, params_path, list(overrides))
+    _check_inputs(params)
     shown = _shown(params, list(overrides), list(sys.argv))
     git = git_info(project_root())
     forced = resume.check_resumable(manifest, status, experiment=experiment, params_hash=shown.params_hash,
@@ -562,10 +661,13 @@ def resume_experiment(
     check_kernel(kernel)
 
     if shown.params_hash != manifest.params_hash:  # allowed on purpose (forced): the folder shows what runs now
-        dump_params(params, params_path)
+        _dump_params_shown(params, params_path, shown.scrub)
         manifest.params, manifest.params_hash = shown.params, shown.params_hash
     ctx = RunContext(run_dir)
     set_aside = resume.set_aside_unfinished(ctx, units)
+    # a torn servers.jsonl line leaves the file with the unit it belonged to: the manifest still says so
+    manifest.warnings += [f"{set_aside['folder']}/{SERVERS_NAME}: torn or damaged line set aside: {name}"
+                          for name in set_aside.get("servers", []) if name.startswith("(unreadable line")]
     started = utc_now()
     t0 = time.monotonic()
     if not manifest.parts:  # a run recorded before parts existed: its first start was one part
@@ -582,22 +684,33 @@ def resume_experiment(
         overrides=shown.overrides, forced=forced))
     manifest.status, manifest.error, manifest.failed_cell, manifest.ended_at = "running", None, None, None
     manifest.runner = {"hostname": socket.gethostname(), "pid": os.getpid()}
-    write_manifest(run_dir, manifest)
+    _write_manifest(run_dir, manifest, shown.scrub)
+    _reserve_space(run_dir)
     log.info("resuming %s (%s; %d finished units kept%s)", run_dir.name, status, manifest.parts[-1].kept_units,
              f"; set aside: {set_aside['folder']}" if set_aside else "")
-    return _collect(manifest.experiment, manifest, run_dir, nb_path, kernel, params, shown, progress, t0)
+    return _collect(manifest.experiment, manifest, run_dir, nb_path, kernel, params, shown, progress, t0, host_lock)
 
 
 def _collect(name: str, manifest: Manifest, run_dir: Path, nb_path: Path, kernel: str, params: Any, shown: _Shown,
-             progress: bool, t0: float) -> RunResult:
+             progress: bool, t0: float, host_lock: str = "wait") -> RunResult:
     """Execute the notebook collecting (servers run) under the run guard and finalize the manifest."""
     log.info("run folder: %s", run_dir)
     guard: runguard.Guard | None = None
     try:
-        with runguard.guarded(run_dir) as guard, \
-                _kernel_params_file(params, run_dir, shown.hidden_in_params) as kernel_params:
-            failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress,
-                                          params_file=kernel_params)
+        with hostlock.held(run_dir, wait=host_lock != "no-wait", enabled=host_lock != "off",
+                           say=log.info) as lock:
+            manifest.host_lock = lock.record()
+            if lock.waited_for:
+                log.info("host lock taken after %.1f s", lock.waited_s)
+                _write_manifest(run_dir, manifest, shown.scrub)
+            with runguard.guarded(run_dir) as guard, \
+                    _kernel_params_file(params, run_dir, shown.hidden_in_params) as kernel_params:
+                failed_cell, error = _execute(nb_path, run_dir, kernel, reuse_data=False, progress=progress,
+                                              params_file=kernel_params)
+    except hostlock.HostBusyError as exc:  # nothing ran: the folder says why
+        manifest.status, manifest.error = "failed", str(exc)
+        _finalize(manifest, run_dir, t0, shown.scrub)
+        raise
     except BaseException as exc:  # Ctrl-C or SIGTERM: keep what was measured, record it, let it through
         _quiet_interrupted_cell_task()
         _recover_staged(guard, run_dir)
@@ -660,10 +773,49 @@ def _recover_staged(guard: runguard.Guard | None, run_dir: Path) -> None:
                  len(keys), ", ".join(keys))
 
 
+# Space kept in the run folder for its last manifest: freed when a full disk refused it, so the run still ends
+# saying `failed` (and why) instead of staying `running` on disk
+RESERVE_NAME = ".space-reserve"
+RESERVE_BYTES = 256 * 1024
+
+
+def _reserve_space(run_dir: Path) -> None:
+    with contextlib.suppress(OSError):  # a disk already too full for it: the run finds out on its first write
+        with open(run_dir / RESERVE_NAME, "wb") as fh:
+            fh.write(b"\0" * RESERVE_BYTES)
+
+
+def _release_space(run_dir: Path) -> None:
+    (run_dir / RESERVE_NAME).unlink(missing_ok=True)
+
+
 def _finalize(manifest: Manifest, run_dir: Path, t0: float, scrub: secrets.Scrubber | None = None) -> None:
+    scrub = scrub or secrets.Scrubber()
+    try:
+        _finish(manifest, run_dir, t0, scrub)
+    except DiskFullError as exc:  # the files before it are whole; the manifest must still say how the run ended
+        _release_space(run_dir)
+        manifest.status = "failed"
+        manifest.error = _join_errors(manifest.error, str(exc))
+        if manifest.parts:
+            manifest.parts[-1].status, manifest.parts[-1].error = "failed", manifest.error
+        _write_manifest(run_dir, manifest, scrub)
+        raise
+    _release_space(run_dir)
+    with contextlib.suppress(DiskFullError):  # the index is a convenience; the run is recorded
+        runindex.refresh_index(run_dir.parent.parent)  # outputs/index.html lists this run too
+
+
+def _finish(manifest: Manifest, run_dir: Path, t0: float, scrub: secrets.Scrubber) -> None:
     manifest.ended_at = iso_utc(utc_now())
+    settled = RunContext(run_dir).settle_pending_servers(
+        "interrupted" if manifest.status == "interrupted" else "failed",
+        "its unit never ended: the kernel died or was stopped before it recorded this server"
+        + (f" ({manifest.error})" if manifest.error else ""))
+    if settled:
+        manifest.warnings.append(f"servers recorded by the runner, their kernel gone: {', '.join(settled)}")
     _collect_servers(manifest, run_dir)
-    _scrub_manifest(manifest, scrub or secrets.Scrubber())
+    _scrub_manifest(manifest, scrub)
     if manifest.parts:  # this part ends as the run does; the run's duration is its parts' together
         part = manifest.parts[-1]
         part.ended_at, part.duration_s = manifest.ended_at, round(time.monotonic() - t0, 3)
@@ -671,8 +823,8 @@ def _finalize(manifest: Manifest, run_dir: Path, t0: float, scrub: secrets.Scrub
         manifest.duration_s = round(sum(p.duration_s or 0.0 for p in manifest.parts), 3)
     else:
         manifest.duration_s = round(time.monotonic() - t0, 3)
-    write_manifest(run_dir, manifest)
-    runindex.refresh_index(run_dir.parent.parent)  # outputs/index.html lists this run too
+    _scrub_run_files(run_dir, scrub)
+    _write_manifest(run_dir, manifest, scrub)
 
 
 def _render_notebook(manifest: Manifest, notebook: str | os.PathLike[str] | None) -> Path:

@@ -10,7 +10,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +110,41 @@ class RunContext:
         )
         diskwrite.append_line(self.run_dir / SERVERS_NAME, record.model_dump_json())
         return record
+
+    # A server's record is written when its unit ends; until then a pending copy says it runs, so a kernel that
+    # dies without ending the unit (OOM-killed, killed by the watchdog) still leaves a record: the runner or the
+    # watchdog turns what is pending into records (settle_pending_servers).
+    PENDING_DIR = "pending_servers"
+
+    def _pending_path(self, name: str) -> Path:
+        return self.data_dir / self.PENDING_DIR / f"{self._check_name(name, 'server')}.json"
+
+    def mark_server_pending(self, name: str, argv: list[str], env: dict[str, str], started_at: Any,
+                            extra: dict[str, Any] | None = None) -> None:
+        path = self._pending_path(name)
+        path.parent.mkdir(exist_ok=True)
+        doc = {"name": name, "argv": secrets.redact_argv(argv), "env": secrets.redact_env(env),
+               "started_at": iso_utc(started_at), "extra": secrets.redact_data(dict(extra or {}))}
+        diskwrite.write_text_atomic(path, json.dumps(doc))
+
+    def clear_server_pending(self, name: str) -> None:
+        self._pending_path(name).unlink(missing_ok=True)
+
+    def settle_pending_servers(self, status: str, error: str) -> list[str]:
+        """Record every server still pending (its unit never ended) with `status` and `error`; their names."""
+        folder = self.data_dir / self.PENDING_DIR
+        names = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                doc = {"name": path.stem, "argv": []}
+            self.record_server(doc["name"], doc.get("argv") or [], doc.get("env") or {}, {},
+                               started_at=doc.get("started_at"), stopped_at=datetime.now(timezone.utc),
+                               extra=doc.get("extra"), status=status, error=error)
+            path.unlink(missing_ok=True)
+            names.append(doc["name"])
+        return names
 
     def read_servers(self) -> ServerRecords:
         """Every whole record of servers.jsonl; a line that is not one (torn when a runner was killed mid-append)

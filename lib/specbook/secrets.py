@@ -10,7 +10,8 @@ A *name* is split into word parts at every non-alphanumeric character and at cam
   ``AWS_SECRET_ACCESS_KEY``, ``CLIENTSECRET``).
 
 So ``MAX_TOKENS``, ``--tokenizer``, ``VLLM_CPU_KVCACHE_SPACE``, ``--ssl-keyfile``, ``GIT_AUTHOR_NAME`` and
-``BYPASS`` are not secret, and neither are the shell's ``PWD`` and ``OLDPWD`` (directories).
+``BYPASS`` are not secret, and neither are the shell's ``PWD`` and ``OLDPWD`` (directories) nor the book's own
+``SPECBOOK_RUN_TOKEN``.
 
 What is hidden (replaced by ``***``):
 
@@ -57,7 +58,10 @@ _WORD_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _LAST_ENDS_WITH = ("token", "key", "pwd", "auth")
 _LAST_IS = ("pass",)
 _CONTAINS = ("password", "passwd", "passphrase", "secret", "credential", "authorization")
-_NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
+# the shell's working directories, and the book's own variables: the run token is an id that finds a run's
+# processes, not a credential (taken for one, it sent every server's output through the scrubbing pipe)
+RUN_TOKEN_ENV = "SPECBOOK_RUN_TOKEN"
+_NOT_SECRET = frozenset({"PWD", "OLDPWD", RUN_TOKEN_ENV})
 # scheme://user:password@ ; the password runs to the last '@' before the end of the authority
 _URL_CREDS = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/?#@:\"'<>\\]*:)(?P<pw>[^\s/?#\"'<>\\]+)@")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*=")

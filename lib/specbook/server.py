@@ -140,6 +140,92 @@ def _keep_old_log(path: Path) -> None:
     path.rename(old)
 
 
+def _status_text(code: int) -> str:
+    """A wait status as Popen gives it (negative: the signal) in words."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _zombie_status(pid: int) -> int | None:
+    """The wait status of a zombie not ours to reap (/proc/PID/stat field 52, Linux >= 3.5), as Popen gives it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 50 or fields[0] != b"Z":
+        return None
+    status = int(fields[49])
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
+class _ChildWatch:
+    """Which of a server's processes ended first, and how, seen while they run: a parent that reaps its child
+    and exits by itself (vLLM's API server after its engine core was killed) hides the real cause. A zombie's
+    status is read before its parent reaps it; a process reaped between two looks is named without it."""
+
+    POLL_S = 0.1
+
+    def __init__(self, root_pid: int):
+        self._root_pid = root_pid
+        self._seen: dict[int, psutil.Process] = {}
+        self._names: dict[int, str] = {}
+        self._deaths: list[tuple[float, int, str, int | None]] = []
+        self._root_ended: float | None = None
+        self._done = threading.Event()  # the root's end was seen (or the watch ended)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"childwatch-{root_pid}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self._done.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            try:
+                root = psutil.Process(self._root_pid)
+                for ch in root.children(recursive=True):
+                    if ch.pid not in self._seen:
+                        self._seen[ch.pid] = ch
+                        with contextlib.suppress(psutil.Error):
+                            self._names[ch.pid] = ch.name()
+            except psutil.Error:
+                pass
+            dead = {pid for _, pid, _, _ in self._deaths}
+            for pid, proc in list(self._seen.items()):
+                if pid in dead:
+                    continue
+                status = _zombie_status(pid)
+                if status is not None or not proc.is_running():
+                    self._deaths.append((time.monotonic(), pid, self._names.get(pid, "?"), status))
+            if self._root_ended is None and (_zombie_status(self._root_pid) is not None
+                                             or not psutil.pid_exists(self._root_pid)):
+                self._root_ended = time.monotonic()
+                self._done.set()  # what died before the root is known now
+            if self._root_ended is not None and time.monotonic() - self._root_ended > 1.0:
+                return
+
+    def first_death(self) -> str | None:
+        self._done.wait(1.0)  # the root just ended: let the watch take its last look
+        before = [d for d in self._deaths if self._root_ended is None or d[0] <= self._root_ended]
+        if not before:
+            return None
+        _, pid, name, status = min(before)
+        how = _status_text(status) if status is not None else "ended (its parent took its exit status)"
+        how = how if how.startswith(("killed", "ended")) else f"ended with {how}"
+        return f"pid {pid} ({name}) {how}"
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 def _alive(proc: psutil.Process) -> bool:
     # PID 1 of a container may never reap orphans: a zombie is dead for our purpose.
     try:
@@ -191,6 +277,7 @@ class ManagedServer:
         self._t0 = 0.0
         self._marker = uuid.uuid4().hex
         self._known: dict[int, psutil.Process] = {}
+        self._watch: _ChildWatch | None = None
 
     # -- properties -------------------------------------------------------------------------------
     @property
@@ -224,16 +311,17 @@ class ManagedServer:
         return out
 
     def exit_description(self) -> str | None:
-        """How the server process ended ("exit code 1", "killed by SIGKILL"); None while it runs."""
+        """How the server process ended ("exit code 1", "killed by SIGKILL"), and, when one of its processes
+        ended before it (vLLM's API server exits 0 by itself once its engine core is killed), which one and how
+        ("after its process pid N (VLLM::EngineCore) was killed by SIGKILL"); None while it runs."""
         code = self._proc.poll() if self._proc is not None else None
         if code is None:
             return None
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        own = _status_text(code)
+        first = self._watch.first_death() if self._watch is not None else None
+        if first is None:
+            return own
+        return f"{own}, after its process {first}"
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         if self._proc is not None and self._proc.poll() is not None:
@@ -303,6 +391,7 @@ class ManagedServer:
             self._pump = threading.Thread(target=_pump_scrubbed, args=(self._proc.stdout, self._log_fh.buffer, scrub),
                                           name=f"log-{self.name}", daemon=True)
             self._pump.start()
+        self._watch = _ChildWatch(self._proc.pid)
         _LIVE_SERVERS.add(self)
         _record_start(self, "start")
         return self
@@ -452,7 +541,15 @@ class ManagedServer:
         if self._proc is None:
             return
         try:
+            if self._watch is not None:
+                self._watch.close()  # teardown's own deaths are no cause
             procs = self._descendants()
+            if procs and self.stopped_processes():
+                # a stopped server cannot shut down in order (continued, it would wait for its connections):
+                # it is killed, and continued so that the kill is not held
+                self._signal_all(signal.SIGKILL, procs)
+                self._signal_all(signal.SIGCONT, procs)
+                procs = self._wait_gone(KILL_GRACE_S)
             if procs:
                 self._signal_all(signal.SIGTERM, procs)
                 # a stopped (SIGSTOP, a hung debugger) process holds SIGTERM until it runs again
@@ -479,6 +576,22 @@ class ManagedServer:
             if self.stopped_at is None:
                 self.stopped_at = datetime.now(timezone.utc)
             _LIVE_SERVERS.discard(self)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by this server's processes alive now (those seen before and the root's tree)."""
+        if self._proc is None:
+            return 0.0
+        if not self._known:
+            self._descendants()
+        with contextlib.suppress(psutil.Error):
+            for ch in psutil.Process(self._proc.pid).children(recursive=True):
+                self._known.setdefault(ch.pid, ch)
+        total = 0.0
+        for p in list(self._known.values()):
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
 
     def process_count(self) -> int:
         """How many processes this server runs now (its tree, its session, marker holders)."""

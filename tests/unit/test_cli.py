@@ -288,3 +288,23 @@ def test_ingest_json_lines_give_each_captured_logs_totals():
 )
 def test_exit_codes(exc, code):
     assert exit_code_for(exc) == code
+
+
+def test_ingest_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`specbook ingest ... --json | head` printed a BrokenPipeError traceback once head had gone."""
+    logs = sorted((FIXTURES / "logs").glob("*.log"))[:2]
+    proc = subprocess.Popen([sys.executable, "-m", "specbook", "ingest", *map(str, logs), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the first line
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_outputs_help_says_where_runs_go_and_the_lock_flags_exist():
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "run")[1]
+    helps = {a.dest: a.help for a in run._actions}
+    assert "./outputs" not in helps["outputs"].replace("not ./outputs", "")  # the checkout's, from anywhere
+    assert "SPECBOOK_ROOT" in helps["outputs"] and "SPECBOOK_OUTPUTS" in helps["outputs"]
+    assert "holder" in helps["no_wait"] and "manifest" in helps["no_lock"]
+    proc = specbook("run", "fixture_good", "-f", "x.yaml", "--no-wait", "--no-lock")
+    assert_clean_error(proc, EXIT_BAD_INPUT, "--no-wait", "--no-lock")

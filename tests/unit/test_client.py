@@ -128,3 +128,45 @@ def test_records_frame_has_every_field(stub):
     df = records_frame(recs)
     assert list(df.columns) == list(RequestRecord.model_fields)
     assert df.loc[1, "error"].startswith("ClientError") and len(df.loc[0, "itl_s"]) == 2
+
+
+def test_an_interrupt_closes_the_clients_connections_before_it_goes_through():
+    """Ctrl-C in the kernel (a running loop: the client runs in a worker thread) must close the open streams
+    before the server is stopped: a server that waits for its connections to close (uvicorn) waits otherwise."""
+    import signal
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    connected, closed = threading.Event(), threading.Event()
+
+    def silent_server() -> None:  # accepts, reads the request, answers nothing; notes when the client hangs up
+        conn, _ = listener.accept()
+        connected.set()
+        while conn.recv(4096):
+            pass
+        closed.set()
+        conn.close()
+
+    threading.Thread(target=silent_server, daemon=True).start()
+    main = threading.main_thread().ident
+    threading.Thread(target=lambda: connected.wait(30) and signal.pthread_kill(main, signal.SIGINT),
+                     daemon=True).start()
+    req = ChatRequest(prompt_id="p", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+
+    async def in_a_kernel() -> None:  # a running loop, as in Jupyter
+        run_requests_sync(f"http://127.0.0.1:{port}", "m", [req], concurrency=1, progress=False)
+
+    loop = asyncio.new_event_loop()  # not asyncio.run: its own SIGINT handler would only cancel the blocked task
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(in_a_kernel())
+    finally:
+        loop.close()
+    # closed before the interrupt went through; the server's thread may take a moment to read the EOF (left open,
+    # the old worker kept the stream for the client's 600 s timeout)
+    assert connected.is_set() and closed.wait(5), "the interrupt went through with the connection still open"
+    listener.close()

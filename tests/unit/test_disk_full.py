@@ -140,3 +140,69 @@ def test_a_server_log_on_a_full_disk_is_named_before_the_server_starts(tmp_path)
     assert done.returncode == 0, done.stderr
     error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
     assert error is not None and f"{log}: disk full" in error
+
+
+RUNNER_SCENARIO = r"""
+import json, sys, time
+from pathlib import Path
+from papermill.iorw import papermill_io
+from specbook import runner
+from specbook.errors import DiskFullError
+from specbook.manifest import Manifest, GitInfo, RunPart, read_manifest, write_manifest
+
+run_dir = Path(sys.argv[1])
+run_dir.mkdir(parents=True)
+manifest = Manifest(run_id="r", experiment="x", started_at="t", params_file="p", params_name="p", params={},
+                    params_hash="h", notebook="n", kernel="k", git=GitInfo(), specbook_version="0",
+                    python={}, libraries={}, parts=[RunPart(started_at="t")])
+write_manifest(run_dir, manifest)
+runner._reserve_space(run_dir)
+report = run_dir / "report.ipynb"
+report.write_text(json.dumps({"cells": [], "note": "the notebook after the last cell"}))
+with open(run_dir / "filler", "wb", buffering=0) as fh:  # the disk fills up (another process, a big log)
+    try:
+        while True:
+            fh.write(b"x" * 4096)
+    except OSError:
+        pass
+out = {}
+try:  # papermill saves the notebook after a cell: through the run's handler, the old one stays whole
+    with runner._atomic_notebook_writes(run_dir):
+        papermill_io.write(json.dumps({"cells": ["y" * 200_000]}), str(report))
+    out["notebook"] = None
+except DiskFullError as exc:
+    out["notebook"] = str(exc)
+out["notebook_after"] = json.loads(report.read_text())["note"]
+manifest.status, manifest.error = "failed", "a cell failed"
+try:  # the run ends: its manifest must say failed although the disk is full
+    runner._finalize(manifest, run_dir, time.monotonic())
+    out["finalize"] = None
+except DiskFullError as exc:
+    out["finalize"] = str(exc)
+m = read_manifest(run_dir)
+out["status"], out["error"] = m.status, m.error
+print(json.dumps(out))
+"""
+
+
+def test_a_run_ending_on_a_full_disk_keeps_its_notebook_whole_and_its_manifest_says_failed(tmp_path):
+    """A real 512 KiB tmpfs filled to the last byte: papermill's save of report.ipynb goes through the atomic
+    writer (the previous notebook stays whole, not truncated), and the last manifest is written from the run's
+    space reserve, so the folder says `failed` and why instead of staying `running`."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    why_not = _mount_tmpfs(disk)
+    if why_not:
+        pytest.skip(f"LOUD SKIP: no tmpfs here ({why_not}); a full disk cannot be made without one")
+    try:
+        done = subprocess.run([sys.executable, "-c", RUNNER_SCENARIO, str(disk / "run")], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["notebook"] and "report.ipynb: disk full" in out["notebook"], out
+        assert out["notebook_after"] == "the notebook after the last cell"
+        assert out["finalize"] and "manifest.json: disk full" in out["finalize"], out
+        assert out["status"] == "failed" and "a cell failed" in out["error"] and "disk full" in out["error"], out
+        assert not (disk / "run" / ".space-reserve").exists()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

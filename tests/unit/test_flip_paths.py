@@ -189,3 +189,75 @@ def test_knob_ab_ingest_logs_missing_or_unreadable_are_named_by_field(tmp_path):
     (tmp_path / "a-folder.log").mkdir()
     with pytest.raises(ParamsError, match=r"^ingest\.logs: '.*a-folder\.log' cannot be read"):
         ingest(str(tmp_path / "*.log"))
+
+
+# --- every path checked before a run folder exists (check and run alike) ---------------------------
+
+
+def test_check_and_run_refuse_a_missing_workload_file_before_any_folder(tmp_path):
+    """`specbook check` said "valid" and `run` failed 6 s in, after making its folder (issue 26)."""
+    from specbook import cli
+    from specbook.runner import run_experiment
+
+    params = tmp_path / "knob_ab" / "missing-workload.yaml"
+    params.parent.mkdir()
+    params.write_text(yaml.safe_dump({**KNOB_PARAMS, "workload": {"subset": 1, "shots": 0,
+                                                                  "test_path": str(tmp_path / "gone.jsonl")}}))
+    assert cli.main(["check", str(params)]) == cli.EXIT_BAD_INPUT
+    with pytest.raises(ParamsError, match=r"^workload\.test_path: '.*gone\.jsonl' cannot be read"):
+        run_experiment("knob_ab", params, outputs_root=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def _hub_snapshot(cache: Path) -> Path:
+    """A Hugging Face hub cache entry as `huggingface_hub` lays it out: snapshot files link to ../../blobs/SHA."""
+    repo = cache / "models--org--target"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for name, data in (("config.json", json.dumps(CONFIG).encode()), ("model.safetensors", os.urandom(256))):
+        blob = blobs / f"sha-{name}"
+        blob.write_bytes(data)
+        (snap / name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    return snap
+
+
+def test_a_hub_snapshot_is_flipped_through_its_own_blobs_and_checked_before_the_folder(tmp_path):
+    snap = _hub_snapshot(tmp_path / "hub")
+    p = validate_params(cf.ConfigFlipParams, _params(snap, "config.json"))
+    p.check_inputs()  # its config links into its own cache's blobs: accepted
+    built = flip.build_flipped_folder(snap, tmp_path / "arm", file="config.json", field="rope_theta", value=7)
+    assert json.loads((built.path / "config.json").read_text())["rope_theta"] == 7
+    assert json.loads((snap / "config.json").read_text())["rope_theta"] == CONFIG["rope_theta"]  # source untouched
+
+    # a snapshot file linking anywhere else is still refused, by `check_inputs` (before the run folder)
+    (snap / "config.json").unlink()
+    (snap / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(CONFIG))
+    with pytest.raises(ExperimentError, match=r"flip\.file 'config\.json' resolves to .*elsewhere\.json, outside"):
+        p.check_inputs()
+    p_missing = validate_params(cf.ConfigFlipParams, _params(tmp_path / "no-such-model", "config.json"))
+    with pytest.raises(ExperimentError, match=r"flip\.folder '.*no-such-model' is neither a model folder"):
+        p_missing.check_inputs()
+
+
+# --- extra arguments that set what specbook sets -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("engine", "args", "option"), [
+    ("vllm", ["--port", "8000"], "--port"),
+    ("vllm", ["--max-num-batched-tokens", "256", "--host=0.0.0.0"], "--host"),
+    ("vllm", ["--served-model-name", "x"], "--served-model-name"),
+    ("vllm", ["--disable-log-stats"], "--disable-log-stats"),
+    ("llamacpp", ["-t", "2", "--port", "8081"], "--port"),
+    ("llamacpp", ["-a", "other"], "-a"),
+])
+def test_extra_args_that_fight_specbooks_own_are_refused_naming_the_field(engine, args, option):
+    """`--port 8000` made vLLM listen where specbook never looked: "not ready" after 90 s (issue 26)."""
+    data = {**KNOB_PARAMS, "engine": {"engine": engine, "model": "org/target", "extra_args": args}}
+    with pytest.raises(ParamsError) as err:
+        validate_params(__import__("specbook.experiments.knob_ab", fromlist=["x"]).KnobABParams, data, "p.yaml")
+    message = str(err.value)
+    assert message.startswith("p.yaml: engine.extra_args: ") and f"sets {option}, which specbook sets" in message
+    ok = {**KNOB_PARAMS, "engine": {"engine": engine, "model": "org/target", "extra_args": ["-t", "2"]}}
+    validate_params(__import__("specbook.experiments.knob_ab", fromlist=["x"]).KnobABParams, ok, "p.yaml")

@@ -202,8 +202,13 @@ def test_resume_keeps_done_units_runs_the_rest_and_says_so(failed_run):
         resume_experiment(failed_run, ["env.API_TOKEN=s3cret-resume-value", "rows=9"], progress=False)
     assert read_manifest(failed_run).parts == first.parts  # a refusal changes nothing
 
+    with open(failed_run / "servers.jsonl", "a") as fh:
+        fh.write('{"name": "u2", "ar')  # a runner killed mid-append
     result = resume_experiment(failed_run, ["env.API_TOKEN=s3cret-resume-value"], progress=False)
     assert result.status == "ok"
+    # the torn line moved to unfinished/1/ with its unit's leftovers; the manifest still says so
+    assert [w for w in result.manifest.warnings if w.startswith("unfinished/1/servers.jsonl: torn or damaged line "
+                                                                "set aside: (unreadable line")], result.manifest.warnings
     ctx = RunContext(failed_run)
     units = ctx.load_frame("units")
     assert list(units["unit"]) == ["u0", "u1", "u2", "u3"]  # the same order; u0, u1 not re-run

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from specbook import runner
 from specbook.errors import ExperimentError, NotebookExecutionError, ParamsError, RunError
 from specbook.experiments.registry import (
     ExperimentSpec,
@@ -461,3 +463,45 @@ def test_missing_nbconvert_templates_are_explained_and_the_report_kept(tmp_path,
     assert html is None and "No template sub-directory with name 'lab'" in error
     assert "JUPYTER_PATH" in error and "specbook render RUN_DIR" in error
     assert (tmp_path / "report.ipynb").is_file()
+
+
+@needs_kernel
+def test_a_failed_cell_is_named_by_the_call_that_failed_not_its_first_line(tmp_path):
+    """Every error was labelled with its cell's first line (`from IPython.display import ...`), which never
+    fails; the line IPython's traceback points at is the call to name."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("from IPython.display import display\n\nvalue = int('not a number')\n")]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "specbook", "display_name": "specbook", "language": "python"}
+    src = tmp_path / "fails.ipynb"
+    nbformat.write(nb, src)
+    with pytest.raises(PapermillExecutionError) as err:
+        papermill.execute_notebook(str(src), str(tmp_path / "out.ipynb"), kernel_name="specbook", progress_bar=False)
+    cell = runner._failed_cell_from(err.value, src)
+    assert cell.first_line == "from IPython.display import display"
+    assert cell.failing_line == "value = int('not a number')"
+    assert "(In [2]) at `value = int('not a number')` raised ValueError" in cell.describe()
+
+
+def test_a_server_whose_kernel_died_before_recording_it_is_recorded_by_the_runner(good_run, tmp_path):
+    """A kernel killed outright (the OOM killer) never runs the harness's record: the pending copy it left
+    becomes the server's record when the runner ends the run."""
+    from specbook.runstore import RunContext
+
+    run_dir = tmp_path / "exp" / "run"
+    ctx = RunContext(run_dir)
+    ctx.mark_server_pending("00-sweep0-baseline", ["llama-server", "--api-key", "k-secret-1"], {"X": "1"},
+                            started_at=1_700_000_000.0, extra={"arm": "baseline"})
+    m = read_manifest(good_run.run_dir).model_copy(update={"servers": [], "warnings": [], "parts": []})
+    m.status, m.error = "failed", "DeadKernelError: Kernel died"
+    runner._finalize(m, run_dir, time.monotonic())
+    (record,) = read_manifest(run_dir).servers
+    assert record.name == "00-sweep0-baseline" and record.status == "failed" and record.extra == {"arm": "baseline"}
+    assert "the kernel died" in record.error and "DeadKernelError" in record.error
+    assert record.argv == ["llama-server", "--api-key", "***"] and record.started_at and record.stopped_at
+    assert not list((run_dir / "data" / "pending_servers").iterdir())
+    assert any("00-sweep0-baseline" in w for w in read_manifest(run_dir).warnings)

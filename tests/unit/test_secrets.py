@@ -537,7 +537,9 @@ def test_a_run_writes_no_secret_in_any_file_and_the_kernel_gets_the_real_values(
                "override": "override-secret-3", "extra arg": "extra-arg-secret-3", "url": "url-secret-3"}
     params_file = tmp_path / "p.yaml"
     params_file.write_text(yaml.safe_dump({
-        "name": "secrets", "rows": 1, "description": f"mirror https://alice:{planted['url']}@example.invalid/m",
+        # the description repeats a secret's value as free text (issue 26): hidden by value, not by name
+        "name": "secrets", "rows": 1, "description": f"mirror https://alice:{planted['url']}@example.invalid/m "
+                                                     f"(token {planted['params env']})",
         "labels": ["--api-key", planted["extra arg"]],
         "env": {"SERVICE_API_TOKEN": planted["params env"], "SEEN_FILE": str(seen_file)},
     }))
@@ -561,3 +563,22 @@ def test_a_run_writes_no_secret_in_any_file_and_the_kernel_gets_the_real_values(
     assert yaml.safe_load((result.run_dir / "params.yaml").read_text())["env"]["DB_PASSWORD"] == REDACTED
     html = (result.run_dir / "report.html").read_text()
     assert "PARAMS" in html and "https://alice:***@example.invalid/m" in html and "ENV ***" in html
+
+
+def test_the_books_own_run_token_is_no_secret_and_sends_no_server_output_through_the_scrubbing_pipe(tmp_path,
+                                                                                                monkeypatch):
+    """The runner's SPECBOOK_RUN_TOKEN ends in TOKEN; taken for a secret it made every server's output go through
+    the scrubbing pipe, whose drain waited for a dead server's children (a death recorded seconds late)."""
+    from specbook.secrets import RUN_TOKEN_ENV
+    from specbook.server import ManagedServer, ServerSpec
+
+    assert not is_secret_name(RUN_TOKEN_ENV) and is_secret_name("SPECBOOK_HF_TOKEN")
+    monkeypatch.setenv(RUN_TOKEN_ENV, "0123456789abcdef")
+    srv = ManagedServer(ServerSpec(name="quiet", argv=[sys.executable, "-c", "print('hello')"], port=1,
+                                   log_path=tmp_path / "quiet.log", health_path=None, models_path=None))
+    srv.start()
+    try:
+        assert srv._pump is None  # its output goes straight to the log
+    finally:
+        srv.stop()
+    assert "hello" in (tmp_path / "quiet.log").read_text()

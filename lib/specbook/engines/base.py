@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,6 +38,29 @@ class EngineConfig(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     ready_timeout_s: float = Field(default=600, gt=0)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_specbooks_own(cls, args: list[str], info: ValidationInfo) -> list[str]:
+        """Refuse extra arguments that set what specbook sets (the engine's `reserved_options`): the server
+        would listen or answer where specbook does not look, and fail as "not ready" minutes later."""
+        engine = info.data.get("engine")
+        if not isinstance(engine, str):
+            return args
+        try:
+            from specbook.engines import get_engine
+
+            reserved = tuple(getattr(get_engine(engine), "reserved_options", ()))
+        except Exception:  # an unknown engine is refused where it is launched, naming it
+            return args
+        for i, arg in enumerate(args):
+            option = str(arg).split("=", 1)[0]
+            if option in reserved:
+                raise ValueError(
+                    f"item {i} ({arg!r}) sets {option}, which specbook sets itself for {engine} (its own "
+                    f"{', '.join(reserved)}); set served_model_name in the params for the model's name, and "
+                    "leave host, port and metrics to specbook")
+        return args
 
     def client_model_name(self) -> str:
         """The name clients send as "model": served_model_name, else the name as declared."""

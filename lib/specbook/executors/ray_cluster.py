@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specbook import progress
-from specbook.errors import ParamsError, RunError
+from specbook.errors import ParamsError, RunError, keep_cause
 from specbook.executors.placement import assign_slots, detect, placed
 from specbook.executors.staging import collect_staged, mark_ended, merge, pack, staging_dir
 
@@ -273,7 +273,7 @@ def _failed_row(unit: Unit, ctx: RunContext, done_frame: str, error: str) -> Non
         return
     import pandas as pd
 
-    row = {**unit.failed_row, "status": "failed", "error": error[:2000]}
+    row = {**unit.failed_row, "status": "failed", "error": keep_cause(error)}
     ctx.append_frame(done_frame, pd.DataFrame([row]))
 
 

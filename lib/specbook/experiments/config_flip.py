@@ -144,6 +144,15 @@ class ConfigFlipParams(ExperimentParams):
     def selected_prompts(self) -> list[str]:
         return self.prompts[: self.num_prompts] if self.num_prompts else list(self.prompts)
 
+    def check_inputs(self) -> None:
+        """The flip folder exists and its flipped file is one of its own (a hub snapshot's link into its own
+        cache's blobs counts), before any run folder is made."""
+        super().check_inputs()
+        folder = resolve_folder(self.flip.folder)
+        target = flip.resolve_inside(folder, self.flip.file)
+        if not target.is_file():
+            raise ExperimentError(f"flip.file {self.flip.file!r}: no such file in the flip folder {folder}")
+
 
 
 

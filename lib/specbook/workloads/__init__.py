@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from specbook.errors import ParamsError, WorkloadError
+from specbook.errors import WorkloadError
 from specbook.workloads.base import WorkloadDraw
 
 # name -> module under specbook.workloads; imported on first use so `datasets` etc. stay optional.
@@ -47,21 +47,11 @@ def get_workload(name: str) -> ModuleType:
 
 
 def resolve_input(field_name: str, value: str | None) -> Path | None:
-    """A params input path (relative to the project root), checked readable; WorkloadError naming the field,
-    the value and the resolved path otherwise (a ParamsError: the params name it). None stays None (the hub)."""
-    from specbook.paths import project_root
+    """A params input path (relative to the project root), checked readable (specbook.params.readable_input:
+    ParamsError naming the field, the value and the resolved path). None stays None (the hub)."""
+    from specbook.params import readable_input
 
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    path = path if path.is_absolute() else (project_root() / path).resolve()
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise ParamsError(f"{field_name}: {value!r} cannot be read (looked at {path}): "
-                            f"{exc.strerror or exc}") from None
-    return path
+    return None if value is None else readable_input(field_name, value)
 
 
 def draw_workload(params: Any, seed: int, *, field: str = "workload") -> WorkloadDraw:

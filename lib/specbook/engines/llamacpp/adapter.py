@@ -196,6 +196,8 @@ SPEC_METHODS = {"draft_model": _draft_model_args, "ngram": _ngram_args}
 @register_engine("llamacpp")
 class LlamaCppEngine:
     name = "llamacpp"
+    # what specbook sets itself (see the vLLM adapter): extra_args that set one are refused at params time
+    reserved_options = ("--host", "--port", "-a", "--alias", "--metrics", "--no-metrics", "--api-prefix", "--path")
     metrics_prefix = "llamacpp:"
     health_path = "/health"
     models_path = "/v1/models"

@@ -59,6 +59,9 @@ def _speculative_config(cfg: EngineConfig) -> dict | None:
 @register_engine("vllm")
 class VllmEngine:
     name = "vllm"
+    # what specbook sets itself (where it serves, the name it asks for, the counters it reads): extra_args that
+    # set one are refused at params time (vLLM would serve where specbook never looks)
+    reserved_options = ("--host", "--port", "--uds", "--served-model-name", "--disable-log-stats", "--root-path")
     metrics_prefix = "vllm:"
     health_path = "/health"
     models_path = "/v1/models"

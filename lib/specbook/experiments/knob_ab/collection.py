@@ -22,7 +22,7 @@ from specbook.arms import Arm, interleaved_schedule
 from specbook.categories import measure_by_category
 from specbook.engines import get_engine
 from specbook.envline import read_env_line
-from specbook.errors import ParamsError, RunError
+from specbook.errors import ParamsError, RunError, keep_cause
 from specbook.experiments.knob_ab.attribution import (
     _arm_config,
     _arm_from_glob,
@@ -153,7 +153,7 @@ def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, a
                                          flush_wait_s=flush_wait_s)
             window = by_cat.whole
     except Exception as exc:
-        row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        row.update(status="failed", error=keep_cause(f"{type(exc).__name__}: {exc}"))
         ctx.append_frame(RUNS, pd.DataFrame([row]))
         raise RunError(f"run {run_id} (arm {arm.name!r}, sweep {sweep}) failed; runs before it are saved "
                        f"in {ctx.data_dir}: {exc}") from exc

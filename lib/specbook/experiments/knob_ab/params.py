@@ -106,6 +106,20 @@ class KnobABParams(ExperimentParams):
             raise ValueError(f"adaptive sweeps need sweeps_min >= 2 (a first look needs a run-to-run sd); got {lo}")
         return self
 
+    def check_inputs(self) -> None:
+        """Launch: the workload's files; ingest: every `ingest.logs` glob matches a file."""
+        if self.mode != "ingest" or self.ingest is None:
+            super().check_inputs()
+            return
+        import glob
+
+        from specbook.errors import ParamsError
+
+        for pattern in self.ingest.logs:
+            p = resolve_path(pattern)
+            if not glob.glob(str(p), recursive=True):
+                raise ParamsError(f"ingest.logs: {pattern!r} matches no file (looked at {p})")
+
     def sweep_bounds(self) -> tuple[int, int]:
         """(sweeps_min, sweeps_max), each defaulting to `sweeps`: equal bounds are today's fixed protocol."""
         lo = self.sweeps if self.sweeps_min is None else self.sweeps_min
