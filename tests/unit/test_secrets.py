@@ -579,6 +579,8 @@ def test_the_books_own_run_token_is_no_secret_and_sends_no_server_output_through
     srv.start()
     try:
         assert srv._pump is None  # its output goes straight to the log
+        # The child's own exit, not stop(): a stop before the child has printed would kill it first.
+        assert srv._proc is not None and srv._proc.wait(timeout=120) == 0
     finally:
         srv.stop()
     assert "hello" in (tmp_path / "quiet.log").read_text()
