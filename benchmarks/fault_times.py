@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, os, sys, time
 from pathlib import Path
-from specbook import harness
-from specbook.client import ChatRequest
+from specbook.measure import harness
+from specbook.serve.client import ChatRequest
 from specbook.engines import EngineConfig
 from specbook.models import TARGET
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 engine, what, run_dir, stall = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
 extra = ["-t", "2"] if engine == "llamacpp" else []
@@ -224,7 +224,7 @@ def _window_tok_s(manifest: dict) -> float | None:
 
 
 def _contended(manifest: dict) -> str | None:
-    from specbook import hostload
+    from specbook.serve import hostload
 
     folder = Path(manifest.get("_folder", ""))
     records = hostload.read_records(folder)

@@ -1,4 +1,4 @@
-"""Cost to a verdict: adaptive sweeps (specbook.sequential) against a fixed protocol, on recorded per-run ALs.
+"""Cost to a verdict: adaptive sweeps (specbook.experiments.knob_ab.sequential) against a fixed protocol, on recorded per-run ALs.
 
 Prints, for each recorded knob A/B and each scenario, the probability of each verdict, the expected
 sweeps, runs and server-minutes to a verdict, fixed protocol beside the sequential one. Goal: the same
@@ -9,7 +9,7 @@ error rates at one third of the fixed protocol's cost or less.
   arm: 30 runs per arm, judged once on the 5 sweep means (each the mean of its sweep's 6 evals). The
   sequential protocol runs one eval per arm per sweep and looks after each sweep from --sweeps-min to
   --sweeps-max (2..10: at most a third of the fixed runs; 2..20 and 2..30 beside it).
-- Both are judged by the same tests (specbook.sequential.judge: TOST for equivalence within +/- the
+- Both are judged by the same tests (specbook.experiments.knob_ab.sequential.judge: TOST for equivalence within +/- the
   rule's margin, % of the baseline mean, each one-sided test at alpha / 2, and the difference test; labelled
   in the book's vocabulary: shown equivalent, small real change inside the margin, shown different), the fixed
   protocol at one look, the sequential with the rule's alpha spending; each by two analyses: `paired`
@@ -47,8 +47,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from specbook import sequential, steady
-from specbook.acceptance import Acceptance
+from specbook.core.acceptance import Acceptance
+from specbook.experiments.knob_ab import sequential, steady
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_RUNS = "docs/reports/knob_ab-h200-*/data/runs.parquet"  # the committed H200 knob A/B run folders
@@ -73,7 +73,7 @@ def _rule(params: dict) -> tuple[float, float, str]:
 def from_run_dir(run_dir: Path) -> Recorded:
     """Per-run steady-state AL (measurement.primary when it is steady_log_al, else counter AL) of a run folder."""
     from specbook.experiments import knob_ab
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     params = yaml.safe_load((run_dir / "params.yaml").read_text())
     data = knob_ab.load(RunContext.from_run_dir(run_dir))  # frames upgraded from older layouts

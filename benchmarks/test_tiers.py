@@ -6,7 +6,7 @@ usage: python benchmarks/test_tiers.py [--tiers fast full] [--cold-cache] [--uni
 Clones this checkout's HEAD into a temporary folder (the README's fresh clone), times its set-up (`make setup
 llamacpp`: venv, models, llama.cpp; the last says whether its cached build was reused), then runs each tier as
 `make test` / `make test-full` run it (scripts/run_tests.py), with every server start recorded
-($SPECBOOK_SERVER_STARTS_LOG, specbook.server) and JUnit reports. It prints, per tier: the wall time, the tests
+($SPECBOOK_SERVER_STARTS_LOG, specbook.serve.server) and JUnit reports. It prints, per tier: the wall time, the tests
 passed / failed / skipped, the server starts per engine and the seconds they took to be ready, and the 15 slowest
 tests (a session fixture's set-up counts in the first test that uses it), beside the reference: the whole suite
 before the tiers, measured at a0121e8's tests (REFERENCE below). By default the host's caches are used, as CI on

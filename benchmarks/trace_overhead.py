@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from specbook.client import ChatRequest
 from specbook.engines import EngineConfig, get_engine, launch
-from specbook.harness import Server
+from specbook.measure.harness import Server
 from specbook.models import DRAFT_INT4, TARGET
+from specbook.serve.client import ChatRequest
 from specbook.traces import trace_pass, traced_config
 
 SPECS = {

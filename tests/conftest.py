@@ -1,4 +1,4 @@
-"""Every test session (each pytest-xdist worker) has its own host lock (specbook.hostlock): parallel workers, and
+"""Every test session (each pytest-xdist worker) has its own host lock (specbook.run.hostlock): parallel workers, and
 other checkouts' tests on this host, must not wait for each other's fixture runs. Engine tests are serialized
 by their own lock around the session; a test of the lock itself sets its own file."""
 
@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_host_lock():
-    from specbook.hostlock import LOCK_ENV
+    from specbook.run.hostlock import LOCK_ENV
 
     previous = os.environ.get(LOCK_ENV)
     folder = tempfile.mkdtemp(prefix="specbook-test-lock-")

@@ -8,7 +8,7 @@ import pytest
 
 
 def embedded_target_dir() -> Path:
-    from specbook.errors import ModelNotPreparedError
+    from specbook.core.errors import ModelNotPreparedError
     from specbook.models import TARGET, model_path
 
     try:

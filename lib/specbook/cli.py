@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specbook import __version__
-from specbook.errors import (
+from specbook.core.errors import (
     ClientError,
     ExperimentError,
     ModelNotPreparedError,
@@ -72,7 +72,7 @@ def _print_frame(frame) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from specbook.runner import resume_experiment, run_experiment
+    from specbook.run.runner import resume_experiment, run_experiment
 
     _load_experiments()
     if args.resume is None and (args.experiment is None or args.params_file is None):
@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from specbook.runner import render_run
+    from specbook.run.runner import render_run
 
     _load_experiments()
     result = render_run(args.run_dir, notebook=args.notebook, progress=not args.no_progress)
@@ -143,7 +143,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from specbook.runner import list_runs
+    from specbook.run.runner import list_runs
 
     frame = list_runs(args.outputs)
     _print_frame(frame.drop(columns=["run_dir"]) if not args.paths else frame)
@@ -151,8 +151,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from specbook.paths import outputs_dir
-    from specbook.runindex import index_rows, write_index
+    from specbook.core.paths import outputs_dir
+    from specbook.report.runindex import index_rows, write_index
 
     root = Path(args.root) if args.root else outputs_dir()
     if not root.is_dir():
@@ -163,7 +163,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from specbook.rundiff import diff_html, diff_runs, diff_text
+    from specbook.report.rundiff import diff_html, diff_runs, diff_text
 
     d = diff_runs(args.run_a, args.run_b)
     print(diff_text(d), end="")
@@ -179,8 +179,8 @@ def infer_experiment(params_file: str | Path) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from specbook.core.params import display_path, load_params, params_hash
     from specbook.experiments.registry import get_experiment
-    from specbook.params import display_path, load_params, params_hash
 
     _load_experiments()
     experiment = args.experiment or infer_experiment(args.params_file)

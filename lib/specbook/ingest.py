@@ -24,10 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from specbook.acceptance import DEFINITION, FIRST_POSITION, Acceptance
+from specbook.core.acceptance import DEFINITION, FIRST_POSITION, Acceptance
+from specbook.core.errors import IngestError
 from specbook.engines import get_engine, list_engines
 from specbook.engines.vllm import benchresult
-from specbook.errors import IngestError
 
 # How much of a file's head the engine detector reads (startup banners come first).
 _DETECT_LINES = 2000
@@ -52,7 +52,7 @@ class PositionCount(BaseModel):
 class IngestResult(BaseModel):
     """What `specbook ingest FILE... --json` prints: one JSON object per file, one line each.
 
-    Figures follow the acceptance model (specbook.acceptance): AL = 1 + accepted_tokens / drafts (the
+    Figures follow the acceptance model (specbook.core.acceptance): AL = 1 + accepted_tokens / drafts (the
     bonus token counted), acceptance_rate = accepted_tokens / draft_tokens, summed over the whole log (a
     token-weighted figure, never a mean of per-interval or per-request figures). NaN is written as null.
 

@@ -4,7 +4,7 @@
     result = book.result
 
 `reuse_data` False collects (servers run); True loads the run folder's saved data and only analyses it.
-A run resumed after an interruption says so where the book opens (specbook.resume.resumed_note).
+A run resumed after an interruption says so where the book opens (specbook.run.resume.resumed_note).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbook.errors import RunError
+from specbook.core.errors import RunError
 from specbook.experiments.registry import ExperimentSpec
 
 DISPLAY_OPTIONS = {"display.precision": 4, "display.max_colwidth": 200, "display.max_columns": 60,
@@ -25,7 +25,7 @@ DISPLAY_OPTIONS = {"display.precision": 4, "display.max_colwidth": 200, "display
 class Book:
     experiment: ExperimentSpec
     params: Any
-    run: Any  # specbook.runstore.RunContext
+    run: Any  # specbook.store.runstore.RunContext
     data: Any
     result: Any
     summary_path: Path | None = None  # where the report's summary block is saved (specbook index reads it)
@@ -45,9 +45,9 @@ def open_book(experiment: str, params_file: str, run_dir: str, reuse_data: bool 
     import pandas as pd
 
     import specbook.experiments  # noqa: F401  (experiments register at import)
+    from specbook.core.params import load_params
     from specbook.experiments.registry import get_experiment
-    from specbook.params import load_params
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     for key, value in DISPLAY_OPTIONS.items():
         pd.set_option(key, value)
@@ -82,7 +82,7 @@ def analysis_overrides(analysis: dict[str, Any]) -> list[str]:
 
 def resolve_params_file(params_file: str) -> str:
     """A relative params path as given from the cwd, else from the project root (Jupyter's cwd is notebooks/)."""
-    from specbook.paths import project_root
+    from specbook.core.paths import project_root
 
     path = Path(params_file)
     if params_file and not path.is_absolute() and not path.exists() and (project_root() / path).is_file():
@@ -92,11 +92,11 @@ def resolve_params_file(params_file: str) -> str:
 
 def new_run_dir(experiment: str, params: Any, params_file: str) -> Path:
     """A run folder named as `specbook run` names it, with the validated params.yaml (secrets hidden)."""
-    from specbook.fingerprint import git_info
-    from specbook.manifest import utc_now
-    from specbook.params import dump_params, params_display_name
-    from specbook.paths import outputs_dir, project_root
-    from specbook.runner import PARAMS_YAML, make_run_dir
+    from specbook.core.params import dump_params, params_display_name
+    from specbook.core.paths import outputs_dir, project_root
+    from specbook.run.runner import PARAMS_YAML, make_run_dir
+    from specbook.store.fingerprint import git_info
+    from specbook.store.manifest import utc_now
 
     run_dir = make_run_dir(outputs_dir() / experiment, utc_now(), params_display_name(params, params_file),
                            git_info(project_root()).short_sha).resolve()
@@ -106,8 +106,8 @@ def new_run_dir(experiment: str, params: Any, params_file: str) -> Path:
 
 def record_reanalysis(run_dir: Path, params: Any) -> Path:
     """reanalyses/<UTC time>.yaml: the params a re-analysis used (never replaces an earlier one)."""
-    from specbook.manifest import utc_now
-    from specbook.params import dump_params
+    from specbook.core.params import dump_params
+    from specbook.store.manifest import utc_now
 
     folder = Path(run_dir) / "reanalyses"
     folder.mkdir(exist_ok=True)
@@ -121,7 +121,7 @@ def record_reanalysis(run_dir: Path, params: Any) -> Path:
 
 def show_resumed(run_dir: str) -> str | None:
     """Show, in the report, that the run was collected in parts (resumed); returns the text shown."""
-    from specbook.resume import resumed_note_of
+    from specbook.run.resume import resumed_note_of
 
     note = resumed_note_of(run_dir) if run_dir else None
     if note:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from nbclient import NotebookClient
 
-from specbook.kernels import IPCKernelManager
-from specbook.paths import project_root
+from specbook.core.paths import project_root
+from specbook.run.kernels import IPCKernelManager
 
 NOTEBOOKS = project_root() / "notebooks"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.paths import project_root
+from specbook.core.paths import project_root
 
 
 @pytest.fixture(scope="session")

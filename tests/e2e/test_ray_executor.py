@@ -24,10 +24,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from specbook.manifest import read_manifest
-from specbook.paths import project_root
-from specbook.runguard import RUN_TOKEN_ENV
-from specbook.runstore import RunContext
+from specbook.core.paths import project_root
+from specbook.run.runguard import RUN_TOKEN_ENV
+from specbook.store.manifest import read_manifest
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

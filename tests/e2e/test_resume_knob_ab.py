@@ -15,10 +15,10 @@ import pytest
 import yaml
 from tests.e2e.shared_run import KEPT, RUNS, digest, redacted_again
 
-from specbook.arms import interleaved_schedule
 from specbook.experiments import knob_ab
+from specbook.experiments.arms import interleaved_schedule
 from specbook.experiments.knob_ab.collection import run_name
-from specbook.manifest import read_manifest
+from specbook.store.manifest import read_manifest
 from specbook.workloads import draw_workload
 
 pytestmark = pytest.mark.e2e

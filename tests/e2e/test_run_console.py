@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.paths import project_root
+from specbook.core.paths import project_root
 
 pytestmark = pytest.mark.e2e
 

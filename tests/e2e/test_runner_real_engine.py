@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 
 from specbook.experiments import knob_ab
-from specbook.manifest import read_manifest
-from specbook.runstore import RunContext
+from specbook.store.manifest import read_manifest
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from specbook.envline import read_env_line
-from specbook.manifest import read_manifest
-from specbook.secrets import REDACTED
+from specbook.core.envline import read_env_line
+from specbook.core.secrets import REDACTED
+from specbook.store.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 

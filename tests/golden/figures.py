@@ -82,9 +82,9 @@ def figures_of(folder: Path, experiment: str) -> dict[str, Any]:
     """The experiment's analysis of `folder`, every figure of its result and its summary block."""
     import warnings
 
+    from specbook.core.params import load_params
     from specbook.experiments import get_experiment
-    from specbook.params import load_params
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     warnings.filterwarnings("ignore")
     spec = get_experiment(experiment)

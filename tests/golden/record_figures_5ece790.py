@@ -29,10 +29,10 @@ import pandas as pd
 from specbook.provenance import RunContext
 
 import specbook
+from specbook.core.params import load_params
 from specbook.experiments import config_flip as cf
 from specbook.experiments import cross_engine as ce
 from specbook.experiments import knob_ab
-from specbook.params import load_params
 
 CODE_COMMIT = "5ece790"
 

@@ -16,7 +16,7 @@ from tests.models_required import embedded_target_dir
 
 from specbook.engines import EngineConfig, launch
 from specbook.models import TARGET
-from specbook.server import ManagedServer
+from specbook.serve.server import ManagedServer
 
 NGRAM_K = 4
 NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": NGRAM_K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

@@ -12,12 +12,12 @@ import math
 
 import pytest
 
-from specbook import costsplit
-from specbook.client import ChatRequest
 from specbook.engines import EngineConfig
 from specbook.engines.vllm import profile
+from specbook.measure import costsplit
 from specbook.models import DRAFT_INT4, TARGET
-from specbook.runstore import RunContext
+from specbook.serve.client import ChatRequest
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,12 @@ import time
 import psutil
 import pytest
 
-from specbook import harness
-from specbook.client import ChatRequest
+from specbook.core.errors import ServerDiedError, ServerHungError
 from specbook.engines import EngineConfig
-from specbook.errors import ServerDiedError, ServerHungError
+from specbook.measure import harness
 from specbook.models import TARGET
-from specbook.runstore import RunContext
+from specbook.serve.client import ChatRequest
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ PROMPT = "Write a long story about a bicycle that travels across the world, chap
 
 
 def test_a_server_killed_mid_window_is_named_recorded_and_gone(tmp_path, monkeypatch):
-    from specbook.secrets import RUN_TOKEN_ENV
+    from specbook.core.secrets import RUN_TOKEN_ENV
 
     # as inside a run: the runner's token is in the environment, and is no secret (its output goes straight to
     # the log, no scrubbing pipe that waits for a dead server's children)
@@ -156,7 +156,7 @@ def test_contention_is_flagged_and_a_hang_outside_the_window_fails_within_the_st
     """One llama-server: a window measured beside a busy process carries its host load, flagged; then, the server
     stopped (SIGSTOP), a warm-up send and a raw (non-streamed, cold / trace / equal-work) request each fail within
     the stall bound instead of the client's 600 s, and the stopped server is killed on the way out."""
-    from specbook import hostload
+    from specbook.serve import hostload
 
     run = RunContext(tmp_path / "run")
     cfg = EngineConfig(engine="llamacpp", model=TARGET, served_model_name="smollm2", max_num_seqs=1,
@@ -209,9 +209,9 @@ def test_readiness_answered_by_another_process_on_the_port_is_refused(tmp_path):
     import sys
     from pathlib import Path
 
+    from specbook.core.errors import ServerStartError
     from specbook.engines import get_engine
-    from specbook.errors import ServerStartError
-    from specbook.server import ManagedServer, free_port
+    from specbook.serve.server import ManagedServer, free_port
 
     stub_py = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
     port = free_port()

@@ -10,12 +10,17 @@ import httpx
 import pytest
 
 import specbook.engines.llamacpp as lc
-from specbook.acceptance import Acceptance
+from specbook.core.acceptance import Acceptance
 from specbook.engines import EngineConfig, get_engine, launch
-from specbook.guards import SideOutputs, degenerate_reasons, first_divergence, guard_cell
-from specbook.metrics import scrape
+from specbook.experiments.cross_engine.guards import (
+    SideOutputs,
+    degenerate_reasons,
+    first_divergence,
+    guard_cell,
+)
 from specbook.models import DRAFT_INT4, TARGET
 from specbook.models.weights import compare_with_source_gguf, derive_gguf, weights_proof
+from specbook.serve.metrics import scrape
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from specbook import harness, request_failures
-from specbook.client import ChatRequest
+from specbook.core import request_failures
 from specbook.engines import EngineConfig
 from specbook.experiments import config_flip as cf
+from specbook.measure import harness
 from specbook.models import TARGET
-from specbook.runstore import RunContext
+from specbook.serve.client import ChatRequest
+from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.integration
 

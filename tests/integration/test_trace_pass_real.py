@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from specbook.client import ChatRequest
 from specbook.engines import EngineConfig, get_engine, launch
-from specbook.harness import Server
+from specbook.measure.harness import Server
 from specbook.models import DRAFT_INT4, TARGET
+from specbook.serve.client import ChatRequest
 from specbook.traces import TraceSet, trace_pass, traced_config
 from specbook.traces.compare import compare_with_reference, identical_share, systematic_mismatches
 from specbook.traces.derive import VERIFIED

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from specbook import metrics
-from specbook.client import ChatRequest, run_requests_sync
+from specbook.core.envline import parse_env_line
 from specbook.engines import get_engine
 from specbook.engines.vllm import metrics as vmetrics
 from specbook.engines.vllm.logparse import parse_log
-from specbook.envline import parse_env_line
+from specbook.serve import metrics
+from specbook.serve.client import ChatRequest, run_requests_sync
 
 pytestmark = pytest.mark.integration
 

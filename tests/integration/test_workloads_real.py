@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter
 
-from specbook import harness
-from specbook.categories import measure_by_category
 from specbook.engines import EngineConfig, get_engine
-from specbook.metrics import scrape
+from specbook.measure import harness
+from specbook.measure.categories import measure_by_category
 from specbook.models import DRAFT_INT4, TARGET
-from specbook.runstore import RunContext
+from specbook.serve.metrics import scrape
+from specbook.store.runstore import RunContext
 from specbook.workloads import draw_workload
 from specbook.workloads.params import WorkloadParams
 

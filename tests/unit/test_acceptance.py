@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbook.acceptance import (
+from specbook.core.acceptance import (
     Acceptance,
     accepted_per_draft_from_al,
     al_from_acceptance_rate,
@@ -28,7 +28,7 @@ from specbook.acceptance import (
     upgrade_position_columns,
 )
 from specbook.engines import get_engine
-from specbook.metrics import MetricsSnapshot
+from specbook.serve.metrics import MetricsSnapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LLAMACPP = FIXTURES / "llamacpp"

@@ -7,10 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+from specbook.core.params import load_params
 from specbook.experiments.knob_ab import analysis, collection
 from specbook.experiments.knob_ab.params import KnobABParams
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "knob_ab"
 

@@ -1,7 +1,7 @@
 import pytest
 
-from specbook.arms import BASELINE, KnobSpec, apply_knobs, build_arms, interleaved_schedule
-from specbook.errors import ParamsError
+from specbook.core.errors import ParamsError
+from specbook.experiments.arms import BASELINE, KnobSpec, apply_knobs, build_arms, interleaved_schedule
 
 BASE = {"engine": "vllm", "model": "m", "dtype": "bfloat16", "env": {"A": "0"}, "extra_args": ["--x"],
         "speculative_config": {"method": "draft_model", "model": "fp8", "num_speculative_tokens": 4}}

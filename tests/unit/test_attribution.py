@@ -1,10 +1,12 @@
-"""specbook.attribution: a run's arm from the env and argv its server really ran with."""
+"""specbook.experiments.attribution: a run's arm from the env and argv its server really ran with."""
 
 from __future__ import annotations
 
 import pytest
 
-from specbook.attribution import (
+from specbook.core.envline import format_env_line, parse_env_line
+from specbook.core.errors import AttributionError
+from specbook.experiments.attribution import (
     ArmSignature,
     arm_from_env_line,
     attribute,
@@ -12,8 +14,6 @@ from specbook.attribution import (
     knob_keys,
     parse_argv_options,
 )
-from specbook.envline import format_env_line, parse_env_line
-from specbook.errors import AttributionError
 
 MODELS = "/root/.cache/specbook/models"
 PY = "/work/main/.venv/bin/python"
@@ -31,7 +31,7 @@ def vllm_argv(port: int, *extra: str, spec: str = SPEC_SORTED) -> list[str]:
     ]  # fmt: skip
 
 
-# Env lines as specbook.server writes them: sorted, shell-quoted, only what the launcher set.
+# Env lines as specbook.serve.server writes them: sorted, shell-quoted, only what the launcher set.
 ENV_BASE = "Env: VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOG_STATS_INTERVAL=1 VLLM_NO_USAGE_STATS=1"
 ENV_BF16 = (
     "Env: ONEDNN_DEFAULT_FPMATH_MODE=BF16 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOG_STATS_INTERVAL=1 VLLM_NO_USAGE_STATS=1"
@@ -177,7 +177,7 @@ def test_attribution_table():
 
 
 def test_knob_keys_from_arms_knobs():
-    from specbook.arms import KnobSpec
+    from specbook.experiments.arms import KnobSpec
 
     knobs = [
         KnobSpec(name="bf16math", env={"ONEDNN_DEFAULT_FPMATH_MODE": "BF16"}),
@@ -191,7 +191,7 @@ def test_arm_of_verbatim_knob_ab_logs_from_their_env_lines():
     """Real server logs (tests/fixtures/logs/knob_ab): the kv2g run's launcher set VLLM_CPU_KVCACHE_SPACE=2."""
     from pathlib import Path
 
-    from specbook.envline import read_env_line
+    from specbook.core.envline import read_env_line
 
     folder = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "knob_ab"
     mapping = {"VLLM_CPU_KVCACHE_SPACE=2": "kv2g", "*": "baseline"}

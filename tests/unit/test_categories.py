@@ -9,11 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbook import categories, plots
-from specbook.acceptance import Acceptance
-from specbook.client import ChatRequest, RequestRecord
-from specbook.harness import Window
-from specbook.metrics import CounterDelta
+from specbook.core.acceptance import Acceptance
+from specbook.measure import categories
+from specbook.measure.harness import Window
+from specbook.report import plots
+from specbook.serve.client import ChatRequest, RequestRecord
+from specbook.serve.metrics import CounterDelta
 
 
 def acc(drafts, draft_tokens, accepted, per_pos) -> Acceptance:

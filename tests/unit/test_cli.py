@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from specbook.cli import EXIT_BAD_INPUT, EXIT_FAILED, build_parser, exit_code_for, infer_experiment
-from specbook.errors import (
+from specbook.core.errors import (
     ExperimentError,
     IngestError,
     ModelNotPreparedError,
@@ -28,7 +28,7 @@ from specbook.errors import (
     RunError,
     ServerStartError,
 )
-from specbook.manifest import read_manifest
+from specbook.store.manifest import read_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOTEBOOKS = FIXTURES / "notebooks"

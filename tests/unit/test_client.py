@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specbook.client import ChatRequest, RequestRecord, records_frame, run_requests, run_requests_sync
-from specbook.errors import ClientError
+from specbook.core.errors import ClientError
+from specbook.serve.client import ChatRequest, RequestRecord, records_frame, run_requests, run_requests_sync
 
 _STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "openai_sse.py"
 

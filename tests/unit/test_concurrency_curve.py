@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from specbook import stats, verdicts
-from specbook.errors import ParamsError
+from specbook.core import stats, verdicts
+from specbook.core.errors import ParamsError
+from specbook.core.params import load_params, validate_params
 from specbook.experiments import concurrency_curve as cc
-from specbook.params import load_params, validate_params
 
 DEMO = "params/concurrency_curve/cpu-demo.yaml"
 

@@ -10,17 +10,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from specbook import costsplit
-from specbook.acceptance import Acceptance, position_column
+from specbook.core.acceptance import Acceptance, position_column
+from specbook.core.errors import ExperimentError, ParamsError
+from specbook.core.params import load_params
+from specbook.core.paths import params_dir
 from specbook.engines import EngineConfig, get_engine
-from specbook.errors import ExperimentError, ParamsError
 from specbook.experiments import config_flip as cf
 from specbook.experiments.registry import get_experiment
-from specbook.params import load_params
-from specbook.paths import params_dir
-from specbook.runstore import RunContext
+from specbook.measure import costsplit
+from specbook.measure.tracepass import RequestTrace, TraceSet
+from specbook.store.runstore import RunContext
 from specbook.traces.records import ProposalRecord, records_frame
-from specbook.traces.tracepass import RequestTrace, TraceSet
 
 
 @pytest.fixture()
@@ -406,7 +406,7 @@ COUNTERS = {"arm0-100000": Acceptance(source="c", drafts=2.0, draft_tokens=6.0, 
 
 
 def _split(arm: str, step_ms: float) -> pd.DataFrame:
-    from specbook.costsplit import CostSplit, splits_frame
+    from specbook.measure.costsplit import CostSplit, splits_frame
 
     parts = {"target_forward": step_ms / 2, "draft": step_ms / 4, "sampling": 1.0, "rest": step_ms / 4 - 1.0}
     return splits_frame([CostSplit("vllm", arm, "profiler", 20, step_ms, parts, 4.0, overhead=1.2)])
@@ -454,7 +454,7 @@ def test_load_keeps_the_measured_arms_apart_from_the_passes_done_rows(traced):
 
 
 def test_the_passes_are_resume_units_keyed_by_arm_and_kind(traced, tmp_path):
-    from specbook import resume
+    from specbook.run import resume
 
     ctx = RunContext(tmp_path / "run")
     assert resume.done_units(ctx, cf.UNITS) == {(a, k) for a in ARM_COUNTS for k in cf.UNIT_KINDS}
@@ -517,7 +517,7 @@ def test_replay_reference_per_draft_model_arm(tmp_path, draft_dir):
 
 
 def test_cost_split_per_arm_as_the_bars_read_it(traced):
-    from specbook import plots
+    from specbook.report import plots
 
     _, data = traced
     table = cf.cost_split_table(data)
@@ -551,7 +551,7 @@ def test_analyze_and_the_summary_show_the_passes_only_when_run(traced, tmp_path,
 
 
 def test_a_cut_pass_folder_is_set_aside_beside_never_reused(tmp_path):
-    from specbook import resume
+    from specbook.run import resume
 
     folder = tmp_path / "traces" / "arm1-10000-trace"
     assert resume.set_aside_folder(folder) is None  # a fresh run: nothing to move

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from specbook import costsplit, plots
+from specbook.core.errors import EngineError
 from specbook.engines.base import EngineConfig
 from specbook.engines.llamacpp import perf
 from specbook.engines.vllm import profile, trace_plugin
 from specbook.engines.vllm.trace_plugin import STEP_TIMING_DIR_ENV
-from specbook.errors import EngineError
+from specbook.measure import costsplit
+from specbook.report import plots
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profiles"
 # llama-server, same target + int4 draft (k=4), -lv 4, two requests of 32 tokens: the print_timing,
@@ -226,7 +227,7 @@ def test_derived_split_and_frame():
 
 
 def test_profiled_pass_refuses_an_engine_without_a_profiler(tmp_path):
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     with pytest.raises(EngineError, match="no profiler for engine 'sglang'"):
         costsplit.profiled_pass(EngineConfig(engine="sglang", model="m"), [], RunContext(tmp_path), name="p", lane="x")

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from specbook import equalwork
-from specbook.acceptance import position_column
-from specbook.errors import ParamsError, PinMismatchError
+from specbook.core.acceptance import position_column
+from specbook.core.errors import ParamsError, PinMismatchError
+from specbook.core.params import load_params
 from specbook.experiments import cross_engine as ce
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
+from specbook.traces import equalwork
 
 DEMO = Path(__file__).resolve().parents[2] / "params" / "cross_engine" / "cpu-demo.yaml"
 
@@ -372,8 +372,8 @@ def test_cost_split_lanes_must_name_lanes(tmp_path, demo):
 
 
 def test_each_extra_pass_is_its_own_resume_unit_and_old_folders_are_all_timed(tmp_path):
-    from specbook import resume
-    from specbook.experiments import cross_engine_traces as cet
+    from specbook.experiments.cross_engine import traces as cet
+    from specbook.run import resume
 
     ctx = RunContext(tmp_path / "run")
     ctx.save_frame(ce.SERVERS_FRAME, pd.DataFrame([
@@ -465,7 +465,7 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
 
 
 def test_a_jsonl_workload_appends_its_prompts_with_their_categories(tmp_path, demo):
-    from specbook.errors import WorkloadError
+    from specbook.core.errors import WorkloadError
 
     path = _jsonl(tmp_path, [{"q": "Sort [3, 1, 2] in Python.", "kind": "code", "id": "c1"},
                              {"q": "Say hi.", "kind": "chat", "id": "h1"},
@@ -529,13 +529,13 @@ class _Window:
     """What Server.measure returns, as far as a cell's collection reads it (records, counters, log lines)."""
 
     def __init__(self, records, accepted: float):
-        from specbook.acceptance import Acceptance
+        from specbook.core.acceptance import Acceptance
 
         self.records, self.acceptance = records, Acceptance(source="counters", drafts=10.0, draft_tokens=40.0,
                                                             accepted_tokens=accepted)
 
     def requests_frame(self):
-        from specbook.client import records_frame
+        from specbook.serve.client import records_frame
 
         return records_frame(self.records)
 
@@ -547,7 +547,7 @@ class _Server:
         self.decode_s, self.windows = decode_s, []
 
     def measure(self, requests, *, concurrency=1):
-        from specbook.client import RequestRecord
+        from specbook.serve.client import RequestRecord
 
         assert concurrency == 1
         self.windows.append([r.prompt_id for r in requests])

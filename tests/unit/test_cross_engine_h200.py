@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from specbook.core.params import load_params
 from specbook.experiments import cross_engine as ce
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 FOLDER = Path(__file__).resolve().parents[2] / "docs" / "reports" / "cross_engine-h200"
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbook import stats
-from specbook.experiments import cross_engine_timing as t
+from specbook.core import stats
+from specbook.experiments.cross_engine import timing as t
 
 SPEC = t.TimingSpec()
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbook.acceptance import Acceptance
+from specbook.core.acceptance import Acceptance
 from specbook.engines.llamacpp.traceparse import parse_trace_lines
-from specbook.experiments import cross_engine_traces as cet
-from specbook.runstore import RunContext
+from specbook.experiments.cross_engine import traces as cet
+from specbook.measure.tracepass import RequestTrace, TraceSet
+from specbook.store.runstore import RunContext
 from specbook.traces.records import read_trace_file, records_frame
-from specbook.traces.tracepass import RequestTrace, TraceSet
 
 FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 DOC = json.loads((FIX / "requests.json").read_text())["llamacpp-draft-simple-v.log"]

@@ -1,4 +1,4 @@
-"""specbook.decision: each comparison's label (from its interval) beside the stated rule's outcome with every
+"""specbook.experiments.knob_ab.decision: each comparison's label (from its interval) beside the stated rule's outcome with every
 criterion's numbers, including the deterministic case."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from specbook.decision import (
+from specbook.core.errors import ExperimentError
+from specbook.core.stats import delta_vs_baseline, summarize
+from specbook.experiments.knob_ab.decision import (
     Criterion,
     DecisionRule,
     compare_and_decide,
@@ -20,8 +22,6 @@ from specbook.decision import (
     tost_criterion,
     verdict_table,
 )
-from specbook.errors import ExperimentError
-from specbook.stats import delta_vs_baseline, summarize
 
 
 def frame(**arms: list[float]) -> pd.DataFrame:

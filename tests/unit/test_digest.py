@@ -1,4 +1,4 @@
-"""specbook.digest: the one sha256 helper (files streamed in chunks, bytes and text)."""
+"""specbook.core.digest: the one sha256 helper (files streamed in chunks, bytes and text)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from specbook import digest
-from specbook.digest import sha256_bytes, sha256_file, sha256_file_or_none
+from specbook.core import digest
+from specbook.core.digest import sha256_bytes, sha256_file, sha256_file_or_none
 
 EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 

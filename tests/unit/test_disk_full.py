@@ -23,9 +23,9 @@ import pytest
 SCENARIO = r"""
 import json, sys
 import numpy as np, pandas as pd
-from specbook.errors import DiskFullError
-from specbook.manifest import Manifest, GitInfo, write_manifest
-from specbook.runstore import RunContext
+from specbook.core.errors import DiskFullError
+from specbook.store.manifest import Manifest, GitInfo, write_manifest
+from specbook.store.runstore import RunContext
 
 ctx = RunContext(sys.argv[1])
 small = pd.DataFrame({"run_id": ["r0", "r1"], "al": [2.5, 3.0]})
@@ -99,8 +99,8 @@ def test_a_full_disk_names_the_file_and_keeps_every_earlier_file(small_disk):
         assert f"{run_dir / name}: disk full" in errors[what], errors[what]
 
     # reading back needs no space: every file written before the disk filled is whole
-    from specbook.manifest import read_manifest
-    from specbook.runstore import RunContext
+    from specbook.store.manifest import read_manifest
+    from specbook.store.runstore import RunContext
 
     ctx = RunContext.from_run_dir(run_dir)
     assert list(ctx.load_frame("runs")["run_id"]) == ["r0", "r1"]
@@ -114,8 +114,8 @@ def test_a_full_disk_names_the_file_and_keeps_every_earlier_file(small_disk):
 SERVER_LOG_SCENARIO = """
 import json, sys
 from pathlib import Path
-from specbook.errors import DiskFullError
-from specbook.server import ManagedServer, ServerSpec
+from specbook.core.errors import DiskFullError
+from specbook.serve.server import ManagedServer, ServerSpec
 
 log = Path(sys.argv[1])
 spec = ServerSpec(name="s", argv=["sleep", "30"], port=1, log_path=log, env={"PAD": "x" * 600})
@@ -146,9 +146,9 @@ RUNNER_SCENARIO = r"""
 import json, sys, time
 from pathlib import Path
 from papermill.iorw import papermill_io
-from specbook import runner
-from specbook.errors import DiskFullError
-from specbook.manifest import Manifest, GitInfo, RunPart, read_manifest, write_manifest
+from specbook.run import runner
+from specbook.core.errors import DiskFullError
+from specbook.store.manifest import Manifest, GitInfo, RunPart, read_manifest, write_manifest
 
 run_dir = Path(sys.argv[1])
 run_dir.mkdir(parents=True)

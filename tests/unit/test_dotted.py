@@ -1,4 +1,4 @@
-"""specbook.dotted: the one dotted-path helper (params overrides, knob `set:`, config-flip fields)."""
+"""specbook.core.dotted: the one dotted-path helper (params overrides, knob `set:`, config-flip fields)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from specbook import dotted
-from specbook.dotted import MISSING, DottedPathError
+from specbook.core import dotted
+from specbook.core.dotted import MISSING, DottedPathError
 
 DOC = {
     "rope_theta": 100000,

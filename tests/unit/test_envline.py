@@ -1,4 +1,4 @@
-"""specbook.envline: the `Env:` line the launcher writes first into every server log, and reading it back.
+"""specbook.core.envline: the `Env:` line the launcher writes first into every server log, and reading it back.
 
 Round trips use the verbatim first lines of the captured server logs (vLLM CPU and CUDA, llama.cpp).
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.envline import ENV_PREFIX, format_env_line, parse_env_line, read_env_line
+from specbook.core.envline import ENV_PREFIX, format_env_line, parse_env_line, read_env_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = sorted([*FIXTURES.glob("logs/*.log"), *FIXTURES.glob("logs/knob_ab/*.log"), *FIXTURES.glob("llamacpp/*.log")])

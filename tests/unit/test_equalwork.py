@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from specbook.client import ChatRequest
-from specbook.equalwork import (
+from specbook.core.errors import SpecbookError
+from specbook.experiments.cross_engine.guards import first_divergence
+from specbook.serve.client import ChatRequest
+from specbook.traces.derive import derive_request_steps
+from specbook.traces.equalwork import (
     PrefixAcceptance,
     common_prefix_len,
     equal_work_request,
     prefix_acceptance,
     prefix_acceptance_of_steps,
 )
-from specbook.errors import SpecbookError
-from specbook.guards import first_divergence
-from specbook.traces.derive import derive_request_steps
 from specbook.traces.records import ProposalRecord, records_frame
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

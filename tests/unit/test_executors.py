@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from specbook import executors
-from specbook.arms import interleaved_schedule
-from specbook.errors import ParamsError
+from specbook.core.errors import ParamsError
+from specbook.core.params import load_params
 from specbook.executors import ExecutorParams, Unit, placement, staging
+from specbook.experiments.arms import interleaved_schedule
 from specbook.experiments.knob_ab.params import KnobABParams
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 
 def _append_row(ctx: RunContext, *, key: str, sweep: int) -> None:
@@ -219,7 +219,7 @@ def test_one_start_at_a_time_unless_asked(tmp_path):
 
 
 def test_a_failing_unit_stops_the_server_started_ahead_for_the_next(tmp_path, monkeypatch):
-    from specbook import harness
+    from specbook.measure import harness
 
     events: list = []
     monkeypatch.setattr(harness, "discard_ahead", lambda: events.append(("discard",)) or ["s0-a"])

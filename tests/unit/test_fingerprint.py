@@ -1,4 +1,4 @@
-"""specbook.fingerprint: the git checkout, library versions and the hardware a run ran on."""
+"""specbook.store.fingerprint: the git checkout, library versions and the hardware a run ran on."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from specbook.core.errors import RunError
 from specbook.engines.base import torch_cuda_version
-from specbook.errors import RunError
-from specbook.fingerprint import (
+from specbook.store.fingerprint import (
     GIT_DIRTY_ENV,
     GIT_SHA_ENV,
     cpu_fingerprint,
@@ -29,7 +29,7 @@ from specbook.fingerprint import (
     parse_lscpu,
     parse_nvidia_smi_csv,
 )
-from specbook.manifest import GitInfo
+from specbook.store.manifest import GitInfo
 
 # --------------------------------------------------------------------------------------------------
 # git
@@ -186,7 +186,7 @@ def test_parse_lscpu_two_sockets():
 
 
 def test_flags_hash_is_the_one_older_manifests_hold():
-    """Moving the hashing to specbook.digest did not change the recorded flags_sha256."""
+    """Moving the hashing to specbook.core.digest did not change the recorded flags_sha256."""
     flags = "fpu vme avx512f amx_tile amx_bf16 avx2".split()
     legacy = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
     assert parse_lscpu(LSCPU_TWO_SOCKETS)["flags_sha256"] == legacy

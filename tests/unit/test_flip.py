@@ -1,4 +1,4 @@
-"""specbook.flip: linked-weight folder copies, dotted-path edits, the one-field diff, refusals."""
+"""specbook.experiments.config_flip.flip: linked-weight folder copies, dotted-path edits, the one-field diff, refusals."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specbook import flip
-from specbook.errors import ExperimentError
+from specbook.core.errors import ExperimentError
+from specbook.experiments.config_flip import flip
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],

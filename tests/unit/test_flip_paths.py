@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbook import flip
-from specbook.errors import ExperimentError, ParamsError
+from specbook.core.errors import ExperimentError, ParamsError
+from specbook.core.params import load_params, validate_params
 from specbook.experiments import config_flip as cf
-from specbook.params import load_params, validate_params
-from specbook.runstore import RunContext
+from specbook.experiments.config_flip import flip
+from specbook.store.runstore import RunContext
 
 CONFIG = {"rope_theta": 100000, "tie_word_embeddings": True}
 
@@ -197,7 +197,7 @@ def test_knob_ab_ingest_logs_missing_or_unreadable_are_named_by_field(tmp_path):
 def test_check_and_run_refuse_a_missing_workload_file_before_any_folder(tmp_path):
     """`specbook check` said "valid" and `run` failed 6 s in, after making its folder (issue 26)."""
     from specbook import cli
-    from specbook.runner import run_experiment
+    from specbook.run.runner import run_experiment
 
     params = tmp_path / "knob_ab" / "missing-workload.yaml"
     params.parent.mkdir()

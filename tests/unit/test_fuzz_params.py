@@ -13,9 +13,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specbook.errors import ParamsError
+from specbook.core.errors import ParamsError
+from specbook.core.params import load_params
 from specbook.experiments.registry import get_experiment
-from specbook.params import load_params
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ["knob_ab", "config_flip", "cross_engine"]
@@ -136,7 +136,7 @@ def test_params_files_load_or_raise_params_error_naming_the_file(tmp_path, data)
 _FLIP = (ROOT / "params" / "config_flip" / "cpu-demo.yaml").read_text(encoding="utf-8")
 
 
-# Minimal inputs that raised something else than ParamsError before the fixes in specbook.params.
+# Minimal inputs that raised something else than ParamsError before the fixes in specbook.core.params.
 @pytest.mark.parametrize("name, document, raised", [
     ("knob_ab", "a: 2001-02-30\n", "ValueError"),  # PyYAML's timestamp constructor
     ("knob_ab", "a: !!timestamp x\n", "AttributeError"),

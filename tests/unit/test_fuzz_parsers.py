@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from recordnorm import _norm
 
+from specbook.core.envline import ENV_PREFIX, format_env_line, parse_env_line
+from specbook.core.errors import IngestError, MetricsError
 from specbook.engines.llamacpp import logparse as llama_log
 from specbook.engines.llamacpp import metrics as llamacpp_metrics
 from specbook.engines.vllm import blockscan, logparse
 from specbook.engines.vllm import metrics as vllm_metrics
-from specbook.envline import ENV_PREFIX, format_env_line, parse_env_line
-from specbook.errors import IngestError, MetricsError
 from specbook.ingest import IngestResult, ingest_file
-from specbook.metrics import MetricsSnapshot
+from specbook.serve.metrics import MetricsSnapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VLLM_LOGS = sorted([*FIXTURES.glob("logs/*.log"), *FIXTURES.glob("logs/knob_ab/*.log")])

@@ -22,11 +22,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from specbook.core.params import load_params
 from specbook.experiments import config_flip as cf
 from specbook.experiments import cross_engine as ce
 from specbook.experiments import knob_ab
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 EXACT = 1e-9  # relative; floats are recomputed by the same arithmetic

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from specbook.core.params import load_params
 from specbook.experiments import concurrency_curve as cc
 from specbook.experiments import config_flip as cf
 from specbook.experiments import cross_engine as ce
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

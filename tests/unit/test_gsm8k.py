@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbook.client import ChatRequest, RequestRecord, records_frame
-from specbook.errors import WorkloadError
+from specbook.core.errors import WorkloadError
+from specbook.serve.client import ChatRequest, RequestRecord, records_frame
 from specbook.workloads import get_workload, list_workloads
 from specbook.workloads.gsm8k import (
     build_messages,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.guards import (
+from specbook.experiments.cross_engine.guards import (
     DEGENERATE,
     DIVERGED,
     LEFT_TASK,

@@ -1,4 +1,4 @@
-"""specbook.harness: one server's whole life and its measured windows, driven against the stub server.
+"""specbook.measure.harness: one server's whole life and its measured windows, driven against the stub server.
 
 The engine registered here is a test-only adapter whose server is tests/fixtures/stub_servers/engine_stub.py
 (mode `serving`: OpenAI SSE answers and a /metrics of the stub's own request and token counters). The tests
@@ -19,16 +19,16 @@ import pandas as pd
 import psutil
 import pytest
 
-from specbook import harness
-from specbook.acceptance import Acceptance
-from specbook.client import ChatRequest
+from specbook.core.acceptance import Acceptance
+from specbook.core.envline import read_env_line
+from specbook.core.errors import RunError, ServerStartError
 from specbook.engines import _ENGINES as REGISTRY
 from specbook.engines import EngineConfig, register_engine
-from specbook.envline import read_env_line
-from specbook.errors import RunError, ServerStartError
-from specbook.metrics import CounterDelta, MetricsSnapshot, int_delta
-from specbook.runstore import SERVERS_NAME, RunContext
-from specbook.server import REDACTED, ServerSpec
+from specbook.measure import harness
+from specbook.serve.client import ChatRequest
+from specbook.serve.metrics import CounterDelta, MetricsSnapshot, int_delta
+from specbook.serve.server import REDACTED, ServerSpec
+from specbook.store.runstore import SERVERS_NAME, RunContext
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
 ENGINE = "harness-stub"
@@ -213,8 +213,8 @@ def test_units_of_one_run_append_their_records_in_order(tmp_path):
 
 
 def test_window_duration_is_the_request_span_not_the_clients_setup():
-    from specbook.client import RequestRecord
-    from specbook.harness import request_span_s
+    from specbook.measure.harness import request_span_s
+    from specbook.serve.client import RequestRecord
 
     recs = [RequestRecord(prompt_id="a", started_at=100.0, wall_s=2.0),
             RequestRecord(prompt_id="b", started_at=100.5, wall_s=3.0)]
@@ -258,7 +258,7 @@ def test_discarding_servers_started_ahead_stops_every_process_and_keeps_their_lo
 
 
 def test_a_server_that_cannot_be_launched_ahead_is_left_to_its_unit(tmp_path, monkeypatch):
-    from specbook.server import ManagedServer
+    from specbook.serve.server import ManagedServer
 
     run = RunContext(tmp_path / "run")
     real_start = ManagedServer.start

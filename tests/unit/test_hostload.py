@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from specbook import hostload
+from specbook.serve import hostload
 
 BUSY = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"
 

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from specbook import hostlock
+from specbook.run import hostlock
 
 HOLDER = r"""
 import sys
 from pathlib import Path
-from specbook import hostlock
+from specbook.run import hostlock
 with hostlock.held(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.readline()  # until the test lets go

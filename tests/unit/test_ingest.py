@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from specbook import ingest
-from specbook.acceptance import Acceptance
+from specbook.core.acceptance import Acceptance
+from specbook.core.errors import IngestError
 from specbook.engines import get_engine, list_engines
 from specbook.engines.vllm import logparse
-from specbook.errors import IngestError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = FIXTURES / "logs"

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specbook import cli, ingest
+from specbook.core.errors import IngestError
 from specbook.engines.vllm import benchresult
-from specbook.errors import IngestError
 
 BENCH = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_bench"
 SAVED = BENCH / "openai-infqps-concurrency4-smollm2-20261130-185156.json"

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from specbook import stats
+from specbook.core import stats
 from specbook.experiments import cross_engine as ce
 
 REPS = 20_000

@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbook.acceptance import position_column
+from specbook.core.acceptance import position_column
+from specbook.core.errors import ExperimentError, ParamsError
+from specbook.core.params import validate_params
 from specbook.engines import get_engine
-from specbook.errors import ExperimentError, ParamsError
 from specbook.experiments import knob_ab
 from specbook.experiments.knob_ab.analysis import per_position_frame, reconcile_log_with_counters
 from specbook.experiments.knob_ab.attribution import (
@@ -24,8 +25,7 @@ from specbook.experiments.knob_ab.attribution import (
     backend_knob_reach,
 )
 from specbook.experiments.knob_ab.collection import COUNTER, run_name, upgrade_runs_frame
-from specbook.params import validate_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 PARAMS = {
     "engine": {"engine": "vllm", "model": "org/target", "dtype": "bfloat16", "max_num_seqs": 4,
@@ -219,8 +219,8 @@ def test_interaction_is_near_zero_when_effects_add_up():
 
 
 def test_the_intro_follows_the_workload_and_accuracy_says_first_what_it_can_judge():
+    from specbook.core.paths import project_root
     from specbook.experiments.knob_ab.analysis import intro_text
-    from specbook.paths import project_root
 
     root = project_root() / "params" / "knob_ab"
     spec_bench = knob_ab.load_params_file(str(root / "h200-attention-backend-both.yaml"))
@@ -297,7 +297,7 @@ def test_resampling_draws_one_subset_per_sweep_shared_by_its_arms():
 
 
 def test_a_knob_env_var_inherited_from_the_launching_shell_is_refused():
-    from specbook.errors import ExperimentError
+    from specbook.core.errors import ExperimentError
 
     p = params(knobs=[{"name": "qr", "env": {"QR": "INT4"}}, {"name": "int4", "set": {"dtype": "float32"}}])
     knob_ab.check_inherited_knob_env(p, {"PATH": "/bin"})  # clean shell: fine
@@ -405,9 +405,9 @@ def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(
     """Fault injection with the deliberately faulty stub server (it exits before listening)."""
     import sys
 
+    from specbook.core.errors import RunError
     from specbook.engines import list_engines, register_engine
-    from specbook.errors import RunError
-    from specbook.server import ServerSpec
+    from specbook.serve.server import ServerSpec
 
     if "stub-exit" not in list_engines():
         # the vLLM adapter's log readers (start-up facts...) with a server that exits before listening
@@ -541,8 +541,8 @@ def test_comparisons_are_paired_by_sweep_and_fall_back_to_welch_when_a_run_is_mi
 
 
 def test_a_report_without_accuracy_says_why():
+    from specbook.core.paths import project_root
     from specbook.experiments.knob_ab.analysis import no_accuracy_reason
-    from specbook.paths import project_root
 
     root = project_root() / "params" / "knob_ab"
     assert "Ingested logs" in no_accuracy_reason(knob_ab.load_params_file(str(root / "ingest-example.yaml")),

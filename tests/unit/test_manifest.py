@@ -1,4 +1,4 @@
-"""specbook.manifest: the Manifest schema and its atomic round trip, ServerRecord, UTC timestamps."""
+"""specbook.store.manifest: the Manifest schema and its atomic round trip, ServerRecord, UTC timestamps."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import pytest
 from pydantic import ValidationError
 
-from specbook.errors import RunError
-from specbook.manifest import (
+from specbook.core.errors import RunError
+from specbook.store.manifest import (
     MANIFEST_NAME,
     GitInfo,
     Manifest,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from specbook import metrics
-from specbook.acceptance import Acceptance
+from specbook.core.acceptance import Acceptance
+from specbook.core.errors import MetricsError
 from specbook.engines.llamacpp import metrics as llamacpp_metrics
 from specbook.engines.vllm import logparse
 from specbook.engines.vllm import metrics as vllm_metrics
-from specbook.errors import MetricsError
+from specbook.serve import metrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # Each capture: the server log and /metrics before/after one load, from the same real server.

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specbook.errors import ModelPrepareError
+from specbook.core.errors import ModelPrepareError
 from specbook.models import agreement as agr
 
 

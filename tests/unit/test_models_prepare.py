@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.errors import ModelNotPreparedError, ModelPrepareError
+from specbook.core.errors import ModelNotPreparedError, ModelPrepareError
 from specbook.models import (
     DRAFT_FP8,
     DRAFT_INT4,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbook.errors import ModelPrepareError
+from specbook.core.errors import ModelPrepareError
 from specbook.models.quantize import (
     FP8_E4M3_MAX,
     QUANTIZERS,

@@ -20,10 +20,10 @@ import pytest
 from pydantic import BaseModel
 
 import specbook.experiments
-from specbook.errors import ExperimentError, RunError
+from specbook.core.errors import ExperimentError, RunError
 from specbook.experiments.registry import ExperimentSpec, get_experiment
 from specbook.notebook import DISPLAY_OPTIONS, Book, open_book
-from specbook.runstore import RunContext
+from specbook.store.runstore import RunContext
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -240,8 +240,8 @@ def test_a_params_path_relative_to_the_project_root_is_found_from_notebooks(monk
 
 
 def test_reanalysis_uses_the_runs_params_applies_settings_and_overwrites_nothing(tmp_path):
+    from specbook.core.params import dump_params, load_params
     from specbook.experiments.cross_engine import CrossEngineParams
-    from specbook.params import dump_params, load_params
 
     run = tmp_path / "run"
     _cross_engine_run(run)

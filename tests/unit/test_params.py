@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from specbook.errors import ParamsError
-from specbook.params import (
+from specbook.core.errors import ParamsError
+from specbook.core.params import (
     ExperimentParams,
     apply_overrides,
     dump_params,

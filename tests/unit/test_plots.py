@@ -1,4 +1,4 @@
-"""specbook.plots: one colour per arm in every knob A/B and concurrency-curve figure of a report."""
+"""specbook.report.plots: one colour per arm in every knob A/B and concurrency-curve figure of a report."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from specbook import plots  # noqa: E402
 from specbook.experiments import knob_ab  # noqa: E402
-from specbook.runstore import RunContext  # noqa: E402
+from specbook.report import plots  # noqa: E402
+from specbook.store.runstore import RunContext  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

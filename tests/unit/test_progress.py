@@ -1,4 +1,4 @@
-"""specbook.progress: console progress lines (unit of how many, ETA, requests and tok/s) kept out of the report."""
+"""specbook.core.progress: console progress lines (unit of how many, ETA, requests and tok/s) kept out of the report."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from specbook import progress
+from specbook.core import progress
 
 
 def test_duration_and_eta():
@@ -54,7 +54,7 @@ def test_console_copies_lines_written_by_another_process_and_restores_the_env(tm
     with progress.console(tmp_path / "logs" / "progress.log", out, poll_s=0.05) as path:
         assert os.environ[progress.ENV] == str(path)
         # a kernel inherits the runner's environment: a child process writes through the same variable
-        subprocess.run([sys.executable, "-c", "from specbook import progress; progress.note('arm 1/2: a')"],
+        subprocess.run([sys.executable, "-c", "from specbook.core import progress; progress.note('arm 1/2: a')"],
                        check=True, env=dict(os.environ))
     assert out.getvalue() == "[specbook] arm 1/2: a\n"
     assert progress.ENV not in os.environ

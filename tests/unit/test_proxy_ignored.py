@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specbook.client import ChatRequest, run_requests_sync
-from specbook.metrics import scrape
-from specbook.server import ManagedServer, ServerSpec, free_port
+from specbook.serve.client import ChatRequest, run_requests_sync
+from specbook.serve.metrics import scrape
+from specbook.serve.server import ManagedServer, ServerSpec, free_port
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 import specbook.experiments  # noqa: F401  (experiments register at import)
-from specbook import report_view as rv
+from specbook.core.params import load_params
 from specbook.experiments.registry import get_experiment
-from specbook.params import load_params
-from specbook.runstore import RunContext
+from specbook.report import view as rv
+from specbook.store.runstore import RunContext
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

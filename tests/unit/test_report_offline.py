@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.runner import render_html
+from specbook.run.runner import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL = re.compile(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"', re.IGNORECASE)

@@ -1,4 +1,4 @@
-"""specbook.report_tables: the host row and the per-server table every report ends with."""
+"""specbook.report.tables: the host row and the per-server table every report ends with."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbook.fingerprint import parse_nvidia_smi_csv
-from specbook.manifest import GitInfo, Manifest, ServerRecord, write_manifest
-from specbook.report_tables import host_summary, servers_summary, startup_facts_of, where_it_ran
-from specbook.runstore import RunContext
+from specbook.report.tables import host_summary, servers_summary, startup_facts_of, where_it_ran
+from specbook.store.fingerprint import parse_nvidia_smi_csv
+from specbook.store.manifest import GitInfo, Manifest, ServerRecord, write_manifest
+from specbook.store.runstore import RunContext
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 # Verbatim from an H200 host (nvidia-smi --query-gpu=... --format=csv,noheader).

@@ -1,4 +1,4 @@
-"""specbook.report_view: the summary block and the reading tables every report shows."""
+"""specbook.report.view: the summary block and the reading tables every report shows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbook import report_view as rv
-from specbook.decision import DecisionRule, evaluate_difference
+from specbook.experiments.knob_ab.decision import DecisionRule, evaluate_difference
+from specbook.report import view as rv
 
 
 def test_fmt_gives_significant_digits_without_exponents_for_everyday_numbers():

@@ -1,4 +1,4 @@
-"""specbook.request_failures: failed requests per unit of work and the params' bound on them."""
+"""specbook.core.request_failures: failed requests per unit of work and the params' bound on them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from specbook import request_failures as rf
+from specbook.core import request_failures as rf
 
 
 def _requests() -> pd.DataFrame:

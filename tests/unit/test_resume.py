@@ -1,4 +1,4 @@
-"""Resume (specbook.resume, runner.resume_experiment) and the run guard (specbook.runguard).
+"""Resume (specbook.run.resume, runner.resume_experiment) and the run guard (specbook.run.runguard).
 
 The runner tests execute a real fixture notebook (tests/fixtures/notebooks/units.ipynb) on the real kernel: it
 does units of work the way a collect does (skip the done ones, append the done row last) and fails at the unit
@@ -22,13 +22,13 @@ import pandas as pd
 import psutil
 import pytest
 
-from specbook import resume, runner
-from specbook.errors import NotebookExecutionError, ParamsError, RunError
+from specbook.core.errors import NotebookExecutionError, ParamsError, RunError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
-from specbook.fingerprint import GitInfo
-from specbook.manifest import Manifest, RunPart, read_manifest, run_status, write_manifest
-from specbook.runner import resume_experiment, run_experiment
-from specbook.runstore import RunContext
+from specbook.run import resume, runner
+from specbook.run.runner import resume_experiment, run_experiment
+from specbook.store.fingerprint import GitInfo
+from specbook.store.manifest import Manifest, RunPart, read_manifest, run_status, write_manifest
+from specbook.store.runstore import RunContext
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOTEBOOKS = FIXTURES / "notebooks"
@@ -269,7 +269,7 @@ def test_an_experiment_without_units_cannot_be_resumed(tmp_path):
 FAKE_RUNNER = """
 import os, subprocess, sys, time
 from pathlib import Path
-from specbook import runguard
+from specbook.run import runguard
 run_dir = Path(sys.argv[1])
 with runguard.guarded(run_dir):
     # a child standing for a kernel's server: the run's token (inherited) and the server marker
@@ -308,7 +308,7 @@ def test_a_runner_that_ends_normally_leaves_its_manifest_to_itself(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     write_manifest(run_dir, _manifest(status="running", runner={"hostname": socket.gethostname(), "pid": os.getpid()}))
-    from specbook import runguard
+    from specbook.run import runguard
 
     with runguard.guarded(run_dir) as guard:
         assert os.environ[runguard.RUN_TOKEN_ENV] == guard.token
@@ -345,7 +345,7 @@ def test_sigterm_waits_for_the_servers_and_the_cell_before_the_kernel_is_shut_do
 
 
 def test_wait_quiet_returns_once_a_busy_process_goes_idle_and_gives_up_at_its_bound():
-    from specbook import runguard
+    from specbook.run import runguard
 
     # Busy for 1.5 s of CPU, then it says so and goes idle: wait_quiet must return after that moment, and before
     # its own bound. Quiet means little CPU over a window, so a process starved by a loaded host looks quiet too:

@@ -1,4 +1,4 @@
-"""specbook.rundiff: two runs of one experiment side by side."""
+"""specbook.report.rundiff: two runs of one experiment side by side."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 from tests.unit.test_runindex import make_run
 
-from specbook import report_view as rv
-from specbook import rundiff
-from specbook.errors import RunError
+from specbook.core.errors import RunError
+from specbook.report import rundiff
+from specbook.report import view as rv
 
 
 def test_flatten_and_changed_name_each_differing_leaf():

@@ -1,4 +1,4 @@
-"""specbook.runindex: outputs/index.html lists every run with its headline and a link to its report."""
+"""specbook.report.runindex: outputs/index.html lists every run with its headline and a link to its report."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from specbook import report_view as rv
-from specbook import runindex
+from specbook.report import runindex
+from specbook.report import view as rv
 
 
 def make_run(root: Path, experiment: str, run_id: str, *, started: str, status: str = "ok", dirty: bool = False,

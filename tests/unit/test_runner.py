@@ -23,19 +23,19 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from specbook import runner
-from specbook.errors import ExperimentError, NotebookExecutionError, ParamsError, RunError
+from specbook.core.errors import ExperimentError, NotebookExecutionError, ParamsError, RunError
+from specbook.core.params import load_params, params_hash
+from specbook.core.paths import project_root
 from specbook.experiments.registry import (
     ExperimentSpec,
     get_experiment,
     list_experiments,
     register_experiment,
 )
-from specbook.fingerprint import git_info
-from specbook.manifest import read_manifest, write_manifest
-from specbook.params import load_params, params_hash
-from specbook.paths import project_root
-from specbook.runner import check_kernel, list_runs, make_run_dir, render_run, run_experiment
+from specbook.run import runner
+from specbook.run.runner import check_kernel, list_runs, make_run_dir, render_run, run_experiment
+from specbook.store.fingerprint import git_info
+from specbook.store.manifest import read_manifest, write_manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOTEBOOKS = FIXTURES / "notebooks"
@@ -235,7 +235,7 @@ def test_render_run_of_a_folder_without_data_fails_and_says_so(good_run, tmp_pat
 
 def _html_step_fails(monkeypatch):
     """The html step as it failed on a GPU host with nbconvert's templates off the Jupyter path (2026-11-30)."""
-    import specbook.runner as runner_mod
+    import specbook.run.runner as runner_mod
 
     def no_templates(report, title=None):
         raise ValueError("No template sub-directory with name 'lab' found in the following paths:\n\t/opt/x")
@@ -295,8 +295,8 @@ def test_a_failed_cell_keeps_a_run_failed_when_its_report_renders(good_run, brok
 
 
 def test_a_torn_servers_line_is_a_manifest_warning_not_lost_servers(good_run, tmp_path):
-    import specbook.runner as runner_mod
-    from specbook.runstore import RunContext
+    import specbook.run.runner as runner_mod
+    from specbook.store.runstore import RunContext
 
     run_dir = tmp_path / "torn"
     ctx = RunContext(run_dir)
@@ -451,7 +451,7 @@ def _dead_pid() -> int:
 
 def test_missing_nbconvert_templates_are_explained_and_the_report_kept(tmp_path, monkeypatch):
     """What a GPU host with nbconvert installed by `pip --target` and no JUPYTER_PATH printed (2026-11-30)."""
-    import specbook.runner as runner_mod
+    import specbook.run.runner as runner_mod
 
     (tmp_path / "report.ipynb").write_text("{}")
 
@@ -490,7 +490,7 @@ def test_a_failed_cell_is_named_by_the_call_that_failed_not_its_first_line(tmp_p
 def test_a_server_whose_kernel_died_before_recording_it_is_recorded_by_the_runner(good_run, tmp_path):
     """A kernel killed outright (the OOM killer) never runs the harness's record: the pending copy it left
     becomes the server's record when the runner ends the run."""
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     run_dir = tmp_path / "exp" / "run"
     ctx = RunContext(run_dir)

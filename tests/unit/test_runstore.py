@@ -1,4 +1,4 @@
-"""specbook.runstore: the run folder's files (frames, json, servers.jsonl), saved at once and atomically."""
+"""specbook.store.runstore: the run folder's files (frames, json, servers.jsonl), saved at once and atomically."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 import pandas as pd
 import pytest
 
-from specbook.errors import RunError
-from specbook.runstore import SERVERS_NAME, RunContext
+from specbook.core.errors import RunError
+from specbook.store.runstore import SERVERS_NAME, RunContext
 
 
 def test_run_context_makes_data_and_logs(tmp_path):
@@ -209,7 +209,7 @@ def test_a_line_torn_by_a_killed_runner_costs_only_itself(tmp_path):
 
 def test_record_server_appends_a_whole_line_in_one_write(tmp_path, monkeypatch):
     """One os.write per record: a kill between two writes of one record cannot happen."""
-    import specbook.diskwrite as diskwrite
+    import specbook.core.diskwrite as diskwrite
 
     calls: list[bytes] = []
     real_write = os.write

@@ -1,4 +1,4 @@
-"""specbook.secrets: what a secret looks like, and no channel a run writes shows one (no engine here).
+"""specbook.core.secrets: what a secret looks like, and no channel a run writes shows one (no engine here).
 
 The rules are checked on names, argv, env, params and free text; then every channel is checked without an
 engine: params.yaml and the manifest (a real runner + kernel run of a notebook that prints what it got),
@@ -20,16 +20,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from specbook import attribution, secrets
-from specbook.acceptance import Acceptance
-from specbook.engines import _ENGINES as REGISTRY
-from specbook.engines import EngineConfig, register_engine
-from specbook.envline import read_env_line
-from specbook.errors import RunError, ServerStartError
-from specbook.metrics import CounterDelta, MetricsSnapshot, int_delta
-from specbook.params import dump_params, validate_params
-from specbook.runstore import RunContext
-from specbook.secrets import (
+from specbook.core import secrets
+from specbook.core.acceptance import Acceptance
+from specbook.core.envline import read_env_line
+from specbook.core.errors import RunError, ServerStartError
+from specbook.core.params import dump_params, validate_params
+from specbook.core.secrets import (
     REDACTED,
     Scrubber,
     is_secret_name,
@@ -38,7 +34,12 @@ from specbook.secrets import (
     redact_env,
     redact_text,
 )
-from specbook.server import ManagedServer, ServerSpec, free_port
+from specbook.engines import _ENGINES as REGISTRY
+from specbook.engines import EngineConfig, register_engine
+from specbook.experiments import attribution
+from specbook.serve.metrics import CounterDelta, MetricsSnapshot, int_delta
+from specbook.serve.server import ManagedServer, ServerSpec, free_port
+from specbook.store.runstore import RunContext
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "fixtures" / "notebooks"
@@ -223,8 +224,8 @@ def test_dump_params_hides_secrets_and_the_unredacted_copy_keeps_them(tmp_path):
 
 
 def test_runner_shows_params_overrides_command_redacted_and_hashes_what_it_shows(monkeypatch):
-    from specbook import runner
-    from specbook.params import params_hash
+    from specbook.core.params import params_hash
+    from specbook.run import runner
 
     sys.path.insert(0, str(NOTEBOOKS))
     from fixture_experiments import FixtureParams
@@ -248,7 +249,7 @@ def test_runner_shows_params_overrides_command_redacted_and_hashes_what_it_shows
 
 def test_summary_blocks_the_kernel_saved_are_scrubbed_like_the_report(tmp_path):
     """The kernel builds the summary's question from its real params: the runner hides what it knows."""
-    from specbook import runner
+    from specbook.run import runner
 
     question = "Weights mirrored from https://alice:pw-in-desc-123@example.invalid/models; token tok-value-4567"
     (tmp_path / "reanalyses").mkdir()
@@ -497,7 +498,7 @@ def test_config_flip_launch_view_record_and_log_hide_secrets(tmp_path):
 # a whole run through the runner and a real kernel (no engine): every file of the folder
 
 try:
-    from specbook.runner import check_kernel
+    from specbook.run.runner import check_kernel
 
     check_kernel("specbook")
     HAVE_KERNEL = True
@@ -507,7 +508,7 @@ except RunError:
 ECHO_NOTEBOOK_CELLS = [
     "params_file = ''\nrun_dir = ''\nreuse_data = False",
     # a careless notebook: prints everything the params and the environment hold
-    "import json, os, yaml\nfrom specbook.runstore import RunContext\n"
+    "import json, os, yaml\nfrom specbook.store.runstore import RunContext\n"
     "params = yaml.safe_load(open(params_file))\nctx = RunContext(run_dir)\n"
     "print('PARAMS', json.dumps(params))\nprint('ENV', os.environ.get('MY_API_TOKEN'))\n"
     "json.dump({'params': params, 'params_file': params_file}, open(params['env']['SEEN_FILE'], 'w'))",
@@ -520,8 +521,8 @@ ECHO_NOTEBOOK_CELLS = [
 def test_a_run_writes_no_secret_in_any_file_and_the_kernel_gets_the_real_values(tmp_path, monkeypatch):
     import nbformat
 
-    from specbook.manifest import read_manifest
-    from specbook.runner import run_experiment
+    from specbook.run.runner import run_experiment
+    from specbook.store.manifest import read_manifest
 
     sys.path.insert(0, str(NOTEBOOKS))
     import fixture_experiments  # noqa: F401  (registers fixture_good)
@@ -569,8 +570,8 @@ def test_the_books_own_run_token_is_no_secret_and_sends_no_server_output_through
                                                                                                 monkeypatch):
     """The runner's SPECBOOK_RUN_TOKEN ends in TOKEN; taken for a secret it made every server's output go through
     the scrubbing pipe, whose drain waited for a dead server's children (a death recorded seconds late)."""
-    from specbook.secrets import RUN_TOKEN_ENV
-    from specbook.server import ManagedServer, ServerSpec
+    from specbook.core.secrets import RUN_TOKEN_ENV
+    from specbook.serve.server import ManagedServer, ServerSpec
 
     assert not is_secret_name(RUN_TOKEN_ENV) and is_secret_name("SPECBOOK_HF_TOKEN")
     monkeypatch.setenv(RUN_TOKEN_ENV, "0123456789abcdef")

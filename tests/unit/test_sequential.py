@@ -1,4 +1,4 @@
-"""specbook.sequential: alpha spending, boundaries against published values, verdicts, and error rates
+"""specbook.experiments.knob_ab.sequential: alpha spending, boundaries against published values, verdicts, and error rates
 measured by simulation (seeded): P(0 excluded | no effect) <= alpha, P(inside the margin | |delta| = margin) <=
 alpha / 2 (each TOST test at alpha / 2: the (1 - alpha) interval the labels read); sweep projections.
 """
@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from specbook import sequential as sq
-from specbook.decision import DecisionRule
-from specbook.errors import ExperimentError, ParamsError
+from specbook.core.errors import ExperimentError, ParamsError
+from specbook.core.params import validate_params
 from specbook.experiments import knob_ab
-from specbook.params import validate_params
+from specbook.experiments.knob_ab import sequential as sq
+from specbook.experiments.knob_ab.decision import DecisionRule
 
 PARAMS = {
     "engine": {"engine": "vllm", "model": "org/target", "dtype": "bfloat16",

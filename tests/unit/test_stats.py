@@ -1,4 +1,4 @@
-"""specbook.stats on small hand-computed inputs."""
+"""specbook.core.stats on small hand-computed inputs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from specbook.errors import ExperimentError
-from specbook.stats import (
+from specbook.core.errors import ExperimentError
+from specbook.core.stats import (
     WELCH_METHOD,
     accuracy_by_arm,
     arm_table,

@@ -1,4 +1,4 @@
-"""specbook.steady: load-defined steady state, token-weighted AL, and why an AL cut is biased."""
+"""specbook.experiments.knob_ab.steady: load-defined steady state, token-weighted AL, and why an AL cut is biased."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbook.acceptance import frame_al
+from specbook.core.acceptance import frame_al
+from specbook.core.errors import ExperimentError
 from specbook.engines import get_engine
 from specbook.engines.vllm import metrics as vllm_metrics
-from specbook.errors import ExperimentError
-from specbook.metrics import MetricsSnapshot
-from specbook.steady import (
+from specbook.experiments.knob_ab.steady import (
     al_by,
     crude_al_threshold_cut,
     cut_sensitivity,
@@ -21,6 +20,7 @@ from specbook.steady import (
     steady_state_filter,
     weighted_al,
 )
+from specbook.serve.metrics import MetricsSnapshot
 
 T0 = pd.Timestamp("2026-11-29 22:00:00")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -1,6 +1,6 @@
-"""specbook.verdicts: one label per interval against a margin, on constructed data; a property test that no label
+"""specbook.core.verdicts: one label per interval against a margin, on constructed data; a property test that no label
 contradicts its interval (and the checker catches every other label); the checker on the labels the book wrote
-before this vocabulary; sweep projections (specbook.sequential.project_sweeps)."""
+before this vocabulary; sweep projections (specbook.experiments.knob_ab.sequential.project_sweeps)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from specbook import sequential
-from specbook import verdicts as v
+from specbook.core import verdicts as v
+from specbook.experiments.knob_ab import sequential
 
 # --------------------------------------------------------------------------------------------------
 # one label per case, constructed
@@ -224,10 +224,10 @@ def test_no_committed_report_or_golden_analysis_has_a_label_that_contradicts_its
     import shutil
 
     import specbook.experiments  # noqa: F401  (experiments register at import)
+    from specbook.core.params import load_params
+    from specbook.core.paths import project_root
     from specbook.experiments.registry import get_experiment
-    from specbook.params import load_params
-    from specbook.paths import project_root
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     root = project_root()
     found = v.check_report_folders(root / "docs" / "reports")
@@ -250,7 +250,7 @@ def test_no_committed_report_or_golden_analysis_has_a_label_that_contradicts_its
 def test_a_comparison_with_one_sweep_has_no_interval_and_says_so_once():
     import pandas as pd
 
-    from specbook.decision import DecisionRule, compare_and_decide
+    from specbook.experiments.knob_ab.decision import DecisionRule, compare_and_decide
 
     df = pd.DataFrame({"arm": ["baseline", "baseline", "v"], "al": [2.0, 2.01, 1.9]})
     _, (verdict,) = compare_and_decide(df, "arm", "al", "baseline", DecisionRule())

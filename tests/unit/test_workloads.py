@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from specbook.errors import ParamsError, WorkloadError
+from specbook.core.errors import ParamsError, WorkloadError
 from specbook.workloads import draw_workload, get_workload, list_workloads
 from specbook.workloads.base import stratified_sample
 from specbook.workloads.params import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specbook.client import ChatRequest, records_frame, run_requests, turn_id
+from specbook.serve.client import ChatRequest, records_frame, run_requests, turn_id
 
 _STUB = Path(__file__).resolve().parents[1] / "fixtures" / "stub_servers" / "openai_sse.py"
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from specbook.core.errors import UnknownEngineError
 from specbook.engines.base import Engine, EngineConfig, resolve_model
-from specbook.errors import UnknownEngineError
-from specbook.server import ManagedServer, free_port
+from specbook.serve.server import ManagedServer, free_port
 
 _ENGINES: dict[str, Engine] = {}
 _T = TypeVar("_T")
@@ -42,7 +42,7 @@ def list_engines() -> list[str]:
 
 def launch(cfg: EngineConfig, *, name: str, log_path: Path, port: int | None = None) -> ManagedServer:
     """A ManagedServer for `cfg`, not yet started (`with launch(cfg, ...) as srv:`). Experiments go through
-    specbook.harness.serve, which wraps this with version probing, the server record and measurement."""
+    specbook.measure.harness.serve, which wraps this with version probing, the server record and measurement."""
     engine = get_engine(cfg.engine)
     spec = engine.build_spec(cfg, name=name, log_path=Path(log_path), port=port or free_port())
     return ManagedServer(spec)

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 if TYPE_CHECKING:
     import pandas as pd
 
-    from specbook.metrics import CounterDelta, MetricsSnapshot
-    from specbook.server import ServerSpec
+    from specbook.serve.metrics import CounterDelta, MetricsSnapshot
+    from specbook.serve.server import ServerSpec
 
 class EngineConfig(BaseModel):
     """One engine server's configuration as an experiment declares it (params YAML)."""
@@ -154,7 +154,7 @@ def loopback_spec(engine: Engine, cfg: EngineConfig, *, name: str, log_path: Pat
                   env: dict[str, str], unset_env: list[str] | None = None) -> ServerSpec:
     """The ServerSpec every adapter builds: its argv and env, served on loopback, ready by its paths
     (the adapter's `health_path` / `models_path`, the OpenAI-compatible ones where it names none)."""
-    from specbook.server import ServerSpec
+    from specbook.serve.server import ServerSpec
 
     return ServerSpec(
         name=name, argv=argv, env=env, unset_env=unset_env or [], host=LOOPBACK, port=port,

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from specbook.executors.placement import Placement, current_placement, placement_columns
 
 if TYPE_CHECKING:
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
 __all__ = [
     "ExecutorParams",
@@ -59,7 +59,7 @@ class ExecutorParams(BaseModel):
                                  "their files)")
     starts_together: int = Field(1, ge=1, le=2, description="local: 2 launches the next unit's server (same "
                                  "sweep) beside the current one's, so two starts overlap; windows never overlap a "
-                                 "start (specbook.harness.start_ahead). For CPU hosts, where a start keeps one "
+                                 "start (specbook.measure.harness.start_ahead). For CPU hosts, where a start keeps one "
                                  "core busy: two GPU servers started at once would each claim the GPU's memory")
 
     @field_validator("assignment")
@@ -86,7 +86,7 @@ class Unit:
     arm: str
     sweep: int
     call: Callable[[RunContext], Any]
-    # launches (does not wait for) the server `call` will serve on (specbook.harness.start_ahead); None: cannot
+    # launches (does not wait for) the server `call` will serve on (specbook.measure.harness.start_ahead); None: cannot
     start_ahead: Callable[[RunContext], Any] | None = None
     failed_row: dict[str, Any] = field(default_factory=dict)  # the done frame's row for a unit lost with its node
 
@@ -130,7 +130,7 @@ def effective(params: ExecutorParams) -> ExecutorParams:
     kind = os.environ.get(KIND_ENV)
     if kind:
         if kind not in ("local", "ray"):
-            from specbook.errors import ParamsError
+            from specbook.core.errors import ParamsError
 
             raise ParamsError(f"${KIND_ENV}={kind!r}: use local or ray")
         update["kind"] = kind

@@ -6,20 +6,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from specbook import progress
+from specbook.core import progress
 from specbook.executors.placement import detect, placed
 
 if TYPE_CHECKING:
     from specbook.executors import Execution, Unit
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
 
 def run_local(units: Sequence[Unit], ctx: RunContext, *, look_after: Callable[[int], bool] | None,
               looks_from: int | None, what: str, starts_together: int = 1) -> Execution:
     """starts_together=2: units go in pairs within a sweep, the second one's server launched beside the first's
     (harness.start_ahead), so a look never meets a server started for a sweep it may cancel."""
-    from specbook import harness
     from specbook.executors import Execution
+    from specbook.measure import harness
 
     done = Execution(cluster={"executor": "local"})
     placement = detect("local")

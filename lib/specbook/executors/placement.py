@@ -38,7 +38,7 @@ class Placement:
 def visible_gpus(nvidia_smi_csv: str | None, cuda_visible_devices: str | None) -> list[dict[str, str]]:
     """The rows of `nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader` this process may use:
     all of them when CUDA_VISIBLE_DEVICES is unset, else the listed indices or UUIDs, in that order."""
-    from specbook.fingerprint import parse_nvidia_smi_csv
+    from specbook.store.fingerprint import parse_nvidia_smi_csv
 
     rows = parse_nvidia_smi_csv(nvidia_smi_csv or "", GPU_FIELDS)
     if cuda_visible_devices is None:
@@ -105,7 +105,7 @@ def assign_slots(arms: Sequence[str], sweeps: Sequence[int], arm_order: Sequence
             listed = assignment[arm]
             bad = [s for s in listed if s >= slots]
             if bad:
-                from specbook.errors import ParamsError
+                from specbook.core.errors import ParamsError
 
                 raise ParamsError(f"executor.assignment.{arm}: slot(s) {bad} do not exist; the cluster gives {slots} "
                                   f"slot(s), numbered 0..{slots - 1}")

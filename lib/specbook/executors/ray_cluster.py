@@ -24,14 +24,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from specbook import progress
-from specbook.errors import ParamsError, RunError, keep_cause
+from specbook.core import progress
+from specbook.core.errors import ParamsError, RunError, keep_cause
 from specbook.executors.placement import assign_slots, detect, placed
 from specbook.executors.staging import collect_staged, mark_ended, merge, pack, staging_dir
 
 if TYPE_CHECKING:
     from specbook.executors import Execution, ExecutorParams, Unit
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
 CANCEL_WAIT_S = 45.0  # as long as the runner waits for servers after Ctrl-C (runguard.SERVER_STOP_BOUND_S)
 PLACEMENT_TIMEOUT_S = 120.0
@@ -50,7 +50,7 @@ def unit_task(call: Callable[..., Any], key: str, token: str, slot: int, env: di
     """Body of the Ray task: the unit against a fresh staging folder; its files, error and placement back."""
     import ray
 
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
     for name, value in env.items():  # the run token (no server outlives the run), the progress file
         os.environ[name] = value
@@ -76,7 +76,7 @@ def unit_task(call: Callable[..., Any], key: str, token: str, slot: int, env: di
 
 def stop_run_processes(token: str) -> dict[str, Any]:
     """On one node: stop every process carrying the run's token (servers first); what was stopped."""
-    from specbook import runguard
+    from specbook.run import runguard
 
     servers, _ = runguard.run_processes(token)
     left = runguard.stop(servers)
@@ -141,7 +141,7 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from specbook import runguard
+    from specbook.run import runguard
 
     started = _init(ray, params)
     token = os.environ.get(runguard.RUN_TOKEN_ENV) or f"specbook-{os.getpid()}-{time.time_ns()}"

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbook import diskwrite
-from specbook.runstore import SERVERS_NAME
+from specbook.core import diskwrite
+from specbook.store.runstore import SERVERS_NAME
 
 if TYPE_CHECKING:
-    from specbook.runstore import RunContext
+    from specbook.store.runstore import RunContext
 
 STAGING_ROOT = "specbook-units"
 # Written by the task once its unit has ended (server torn down and recorded): a runner stopping the run after

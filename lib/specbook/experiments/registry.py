@@ -2,7 +2,7 @@
 
 An experiment is four things and a notebook:
   params_model   the pydantic schema of its params YAML
-  collect        collect(params, run) -> data: drives servers through specbook.harness, saves raw frames
+  collect        collect(params, run) -> data: drives servers through specbook.measure.harness, saves raw frames
                  in the run folder after every unit of work, returns what load() would return
   load           load(run) -> data: the saved raw data of a run folder (no server; `specbook render`)
   analyze        analyze(data, params) -> a typed result: every number, table and verdict the report shows
@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from specbook.errors import ExperimentError
-from specbook.paths import notebooks_dir, project_root
+from specbook.core.errors import ExperimentError
+from specbook.core.paths import notebooks_dir, project_root
 
 __all__ = ["ExperimentSpec", "get_experiment", "list_experiments", "register_experiment"]
 

@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbook.digest import sha256_bytes
+from specbook.core.digest import sha256_bytes
 
-from ..errors import ModelPrepareError
+from ..core.errors import ModelPrepareError
 
 AGREEMENT_K = 4
 AGREEMENT_TEXTS = 32

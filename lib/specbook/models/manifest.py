@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from specbook.digest import sha256_file
+from specbook.core.digest import sha256_file
 
-from ..errors import ModelPrepareError
+from ..core.errors import ModelPrepareError
 
 MANIFEST_NAME = "specbook-model.json"
 MANIFEST_SCHEMA_VERSION = 1

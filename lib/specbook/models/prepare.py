@@ -19,10 +19,10 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from specbook.digest import sha256_file
+from specbook.core.digest import sha256_file
 
-from .. import paths
-from ..errors import ModelNotPreparedError, ModelPrepareError
+from ..core import paths
+from ..core.errors import ModelNotPreparedError, ModelPrepareError
 from . import agreement as agr
 from .catalog import EMBEDDED_MODELS, ModelRecipe
 from .convert import WEIGHTS_FILE, convert_gguf, packaged_gguf

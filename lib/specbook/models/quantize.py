@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ModelPrepareError
+from ..core.errors import ModelPrepareError
 
 # Only these projections are quantized; embeddings, norms and the (tied) head stay as they are.
 LINEAR_WEIGHT_SUFFIXES = (

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specbook.digest import sha256_bytes
-from specbook.digest import sha256_file as _sha256_file
-from specbook.errors import ModelPrepareError
+from specbook.core.digest import sha256_bytes
+from specbook.core.digest import sha256_file as _sha256_file
+from specbook.core.errors import ModelPrepareError
+from specbook.core.paths import cache_dir
 from specbook.models.convert import hf_name
-from specbook.paths import cache_dir
 
 WEIGHTS_FILE = "model.safetensors"
 SIDECAR_SUFFIX = ".json"

@@ -7,8 +7,8 @@
     compare   traces against the reference, two engines at matched anchors, systematic mismatches
 """
 
+from specbook.measure.tracepass import RequestTrace, TraceSet, trace_pass, traced_config
 from specbook.traces.records import ProposalRecord, TraceError, read_trace_dir, records_frame
-from specbook.traces.tracepass import RequestTrace, TraceSet, trace_pass, traced_config
 
 __all__ = ["ProposalRecord", "RequestTrace", "TraceError", "TraceSet", "read_trace_dir", "records_frame",
            "trace_pass", "traced_config"]

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from specbook.acceptance import Acceptance
+from specbook.core.acceptance import Acceptance
 
 VERIFIED, EMPTY, PREFILL, ENDED = "verified", "empty", "prefill", "ended"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specbook.errors import SpecbookError
+from specbook.core.errors import SpecbookError
 
 SCHEMA = 1
 COLUMNS = ["request_id", "step", "anchor_pos", "anchor_id", "proposed", "engine_accepted", "prompt_len"]

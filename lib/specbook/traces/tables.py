@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specbook.acceptance import Acceptance
-from specbook.equalwork import PrefixAcceptance, common_prefix_len, prefix_acceptance_of_steps
+from specbook.core.acceptance import Acceptance
 from specbook.traces.compare import (
     compare_with_reference,
     identical_share,
@@ -34,6 +33,7 @@ from specbook.traces.compare import (
     systematic_mismatches,
 )
 from specbook.traces.derive import VERIFIED, counts_agree, derived_acceptance
+from specbook.traces.equalwork import PrefixAcceptance, common_prefix_len, prefix_acceptance_of_steps
 
 TRACE_STEPS = "trace_steps"
 TRACE_REQUESTS = "trace_requests"
@@ -61,7 +61,7 @@ def with_id_lists(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def trace_set_frames(ts: Any) -> dict[str, pd.DataFrame]:
-    """A TraceSet (specbook.traces.tracepass) as the steps, requests and passes frames (request ids as
+    """A TraceSet (specbook.measure.tracepass) as the steps, requests and passes frames (request ids as
     strings: one type for every engine), without the experiment's key columns."""
     steps = ts.steps()
     steps["request_id"] = steps["request_id"].astype(str)

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from specbook.errors import WorkloadError
+from specbook.core.errors import WorkloadError
 from specbook.workloads.base import WorkloadDraw
 
 # name -> module under specbook.workloads; imported on first use so `datasets` etc. stay optional.
@@ -47,9 +47,9 @@ def get_workload(name: str) -> ModuleType:
 
 
 def resolve_input(field_name: str, value: str | None) -> Path | None:
-    """A params input path (relative to the project root), checked readable (specbook.params.readable_input:
+    """A params input path (relative to the project root), checked readable (specbook.core.params.readable_input:
     ParamsError naming the field, the value and the resolved path). None stays None (the hub)."""
-    from specbook.params import readable_input
+    from specbook.core.params import readable_input
 
     return None if value is None else readable_input(field_name, value)
 

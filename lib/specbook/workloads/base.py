@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook.digest import sha256_bytes
-from specbook.errors import WorkloadError
+from specbook.core.digest import sha256_bytes
+from specbook.core.errors import WorkloadError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from specbook.client import ChatRequest
+    from specbook.serve.client import ChatRequest
 
 
 @dataclass(frozen=True)

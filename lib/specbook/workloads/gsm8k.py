@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from specbook.digest import sha256_bytes
-from specbook.errors import WorkloadError
+from specbook.core.digest import sha256_bytes
+from specbook.core.errors import WorkloadError
 
 if TYPE_CHECKING:
-    from specbook.client import ChatRequest, RequestRecord
+    from specbook.serve.client import ChatRequest, RequestRecord
     from specbook.workloads.base import WorkloadDraw
     from specbook.workloads.params import Gsm8kWorkloadParams
 
@@ -235,7 +235,7 @@ def make_requests(
     extra_body: Mapping[str, Any] | None = None,
 ) -> list[ChatRequest]:
     """One greedy chat request per question, prompt ids like `gsm8k-test-00017`."""
-    from specbook.client import ChatRequest
+    from specbook.serve.client import ChatRequest
 
     return [
         ChatRequest(

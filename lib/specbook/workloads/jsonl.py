@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specbook.errors import WorkloadError
+from specbook.core.errors import WorkloadError
 from specbook.workloads.base import WorkloadDraw, load_hub, read_jsonl, stratified_sample
 from specbook.workloads.params import JsonlWorkloadParams
 
@@ -25,7 +25,7 @@ def _turns(row: dict[str, Any], field_name: str, where: str) -> list[str]:
 
 
 def draw(params: JsonlWorkloadParams, seed: int, path: Path | None) -> WorkloadDraw:
-    from specbook.client import ChatRequest
+    from specbook.serve.client import ChatRequest
 
     if path is not None:
         rows, digest = read_jsonl(path, "jsonl workload (workload.path)")

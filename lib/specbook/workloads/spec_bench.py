@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specbook.errors import WorkloadError
+from specbook.core.errors import WorkloadError
 from specbook.workloads.base import WorkloadDraw, load_hub, read_jsonl, stratified_sample
 from specbook.workloads.params import SPEC_BENCH_GROUPS, SpecBenchWorkloadParams
 
@@ -54,7 +54,7 @@ def load_rows(params: SpecBenchWorkloadParams, path: Path | None) -> tuple[list[
 
 def draw(params: SpecBenchWorkloadParams, seed: int, path: Path | None) -> WorkloadDraw:
     """`per_category` questions of each group in `categories` (that order), drawn with `seed`."""
-    from specbook.client import ChatRequest
+    from specbook.serve.client import ChatRequest
 
     rows, source = load_rows(params, path)
     if params.max_chars is not None:  # before the draw: the sample is drawn among the questions that fit

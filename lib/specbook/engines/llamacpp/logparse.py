@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbook.acceptance import Acceptance
-from specbook.envline import ENV_PREFIX, parse_env_line
-from specbook.errors import IngestError
+from specbook.core.acceptance import Acceptance
+from specbook.core.envline import ENV_PREFIX, parse_env_line
+from specbook.core.errors import IngestError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -5,8 +5,8 @@ They carry no model label (one model per server) and a request's counts are adde
 
 from __future__ import annotations
 
-from specbook.acceptance import Acceptance
-from specbook.metrics import CounterDelta, MetricsSnapshot, int_delta, label_values
+from specbook.core.acceptance import Acceptance
+from specbook.serve.metrics import CounterDelta, MetricsSnapshot, int_delta, label_values
 
 PREFIX = "llamacpp:"
 SPEC_DECODE_DRAFTS = PREFIX + "spec_decode_num_drafts"

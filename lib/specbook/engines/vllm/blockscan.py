@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from specbook.core.envline import ENV_PREFIX
+from specbook.core.errors import IngestError
+
 # package-internal: the per-line parser's state and record kinds, shared so both readers agree exactly
 from specbook.engines.vllm.logparse import (  # noqa: I001
     _ENV,
@@ -36,8 +39,6 @@ from specbook.engines.vllm.logparse import (  # noqa: I001
     _Parser,
     _Timestamps,
 )
-from specbook.envline import ENV_PREFIX
-from specbook.errors import IngestError
 
 BLOCK_SIZE = 1 << 19  # bytes read at a time (a few passes run over each: small enough to stay in cache); a
 # longer line grows the buffer to hold it

@@ -19,7 +19,7 @@ Two readers give one result:
   checks it on every fixture log and on damaged copies; benchmarks/logparse_speed.py times it).
 
 The AL, acceptance rate and per-position figures of a log come from `ParsedLog.acceptance()` (the
-acceptance model, specbook.acceptance); this module only recovers the counts vLLM's log does not print
+acceptance model, specbook.core.acceptance); this module only recovers the counts vLLM's log does not print
 (drafts per interval, accepted tokens per position) from what it does print.
 
 Timestamps: vLLM logs `MM-DD HH:MM:SS` with no year. Each gets the reference year (the file's
@@ -40,9 +40,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from specbook.acceptance import Acceptance, position_column, position_columns
-from specbook.envline import ENV_PREFIX, format_env_line, parse_env_line
-from specbook.errors import IngestError
+from specbook.core.acceptance import Acceptance, position_column, position_columns
+from specbook.core.envline import ENV_PREFIX, format_env_line, parse_env_line
+from specbook.core.errors import IngestError
 
 if TYPE_CHECKING:
     import numpy as np

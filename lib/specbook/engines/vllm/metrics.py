@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbook.acceptance import Acceptance
-from specbook.errors import MetricsError
-from specbook.metrics import CounterDelta, MetricsSnapshot, int_delta, label_values
+from specbook.core.acceptance import Acceptance
+from specbook.core.errors import MetricsError
+from specbook.serve.metrics import CounterDelta, MetricsSnapshot, int_delta, label_values
 
 SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbook.core.errors import EngineError
 from specbook.engines.base import EngineConfig
 from specbook.engines.vllm.trace_plugin import STEP_TIMING_DIR_ENV, STEP_TIMING_SWITCH
-from specbook.errors import EngineError
 
 PARTS = ("target_forward", "draft", "sampling")
 STEPS_GLOB = "vllm-steps-*.jsonl"

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from specbook import acceptance, categories, decision, report_view, request_failures, stats, steady, verdicts
-from specbook.arms import BASELINE
-from specbook.errors import ExperimentError
+from specbook.core import acceptance, request_failures, stats, verdicts
+from specbook.core.errors import ExperimentError
 from specbook.executors import placement
+from specbook.experiments.arms import BASELINE
+from specbook.experiments.knob_ab import decision, steady
 from specbook.experiments.knob_ab.attribution import (
     arm_of_run,
     attention_backends_from_logs,
@@ -23,6 +24,8 @@ from specbook.experiments.knob_ab.attribution import (
 )
 from specbook.experiments.knob_ab.collection import COUNTER, KnobABData, run_acceptance
 from specbook.experiments.knob_ab.params import KnobABParams
+from specbook.measure import categories
+from specbook.report import view as report_view
 
 
 @dataclass
@@ -56,7 +59,7 @@ class SteadyReport:
         palette: the report's arm colours (plots.arm_palette)."""
         from IPython.display import Markdown, display
 
-        from specbook import plots
+        from specbook.report import plots
 
         if self._shown_unavailable():
             return
@@ -66,7 +69,7 @@ class SteadyReport:
         report_view.show_raw(self.drop_reasons, "intervals dropped per run and phase")
 
     def show_sensitivity(self, palette: dict[str, str] | None = None) -> None:
-        from specbook import plots
+        from specbook.report import plots
 
         if self._shown_unavailable():
             return
@@ -93,7 +96,7 @@ class DecisionReport:
     verdict_table: pd.DataFrame  # one row per (comparison, criterion)
     knob_verdicts: pd.DataFrame  # one row per comparison: expectation stated before the run vs conclusion
     interaction: pd.DataFrame | None
-    interaction_text: str = ""  # the interaction's label (specbook.verdicts) with A and B named, and why
+    interaction_text: str = ""  # the interaction's label (specbook.core.verdicts) with A and B named, and why
     vocabulary: str = ""  # how the labels read the intervals (verdict_vocabulary)
 
 
@@ -233,7 +236,7 @@ def accuracy_lead(accuracy: pd.DataFrame, reason: str, params: KnobABParams) -> 
 
 
 def interaction_text(inter: stats.InteractionResult, rule: decision.DecisionRule) -> str:
-    """The interaction's label (specbook.verdicts) in % of the baseline mean, A and B named, with why."""
+    """The interaction's label (specbook.core.verdicts) in % of the baseline mean, A and B named, with why."""
     from scipy import stats as sps
 
     a, b, ab, base = inter.arms
@@ -344,7 +347,7 @@ def server_minutes(runs: pd.DataFrame) -> float:
 def adaptive_sweeps_note(looks: list[dict], runs: pd.DataFrame) -> str:
     """What the group-sequential stopping rule decided, after how many sweeps, at what server cost; the looks'
     words in the book's vocabulary (sequential.look_word reads what older runs recorded)."""
-    from specbook.sequential import UNDECIDED, look_word
+    from specbook.experiments.knob_ab.sequential import UNDECIDED, look_word
 
     last = looks[-1]
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbook import attribution
-from specbook.arms import ARM_JOIN, Arm
+from specbook.core.errors import ExperimentError, ModelNotPreparedError
 from specbook.engines import get_engine
 from specbook.engines.base import EngineConfig
-from specbook.errors import ExperimentError, ModelNotPreparedError
+from specbook.experiments import attribution
+from specbook.experiments.arms import ARM_JOIN, Arm
 from specbook.experiments.knob_ab.params import KnobABParams
 
 

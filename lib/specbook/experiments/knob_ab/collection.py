@@ -16,13 +16,14 @@ from typing import Any
 
 import pandas as pd
 
-from specbook import attribution, executors, resume, secrets
-from specbook.acceptance import Acceptance, position_column
-from specbook.arms import Arm, interleaved_schedule
-from specbook.categories import measure_by_category
+from specbook import executors
+from specbook.core import secrets
+from specbook.core.acceptance import Acceptance, position_column
+from specbook.core.envline import read_env_line
+from specbook.core.errors import ParamsError, RunError, keep_cause
 from specbook.engines import get_engine
-from specbook.envline import read_env_line
-from specbook.errors import ParamsError, RunError, keep_cause
+from specbook.experiments import attribution
+from specbook.experiments.arms import Arm, interleaved_schedule
 from specbook.experiments.knob_ab.attribution import (
     _arm_config,
     _arm_from_glob,
@@ -30,11 +31,13 @@ from specbook.experiments.knob_ab.attribution import (
     check_inherited_knob_env,
 )
 from specbook.experiments.knob_ab.params import KnobABParams, resolve_path
+from specbook.measure.categories import measure_by_category
+from specbook.run import resume
 
 # Frames saved in data/ (one parquet each) and what they hold.
 RUNS = "runs"  # one row per (sweep, arm) server run
 INTERVALS = "intervals"  # one row per SpecDecoding log interval, all runs
-CATEGORIES = "categories"  # one row per (run, task category) window: its counter deltas (specbook.categories)
+CATEGORIES = "categories"  # one row per (run, task category) window: its counter deltas (specbook.measure.categories)
 REQUESTS = "requests"  # one row per request, all runs
 LOOKS = "sequential_looks"  # adaptive sweeps: the stopping rule's looks (JSON)
 COUNTER = "counter_"  # prefix of a run's counter-delta counts (the acceptance model's columns)
@@ -84,10 +87,10 @@ def _readable(field_name: str, value: str | None) -> Path | None:
 def collect(params: KnobABParams, ctx) -> KnobABData:
     """One fresh server per (sweep, arm), interleaved; each run's frames are saved before the next starts.
 
-    A resumed run (specbook.resume) skips the runs the folder holds as done: same schedule, same run ids."""
+    A resumed run (specbook.run.resume) skips the runs the folder holds as done: same schedule, same run ids."""
     if params.mode == "ingest":
         return ingest(params, ctx)
-    from specbook import progress
+    from specbook.core import progress
     from specbook.workloads import draw_workload
 
     w = params.workload
@@ -130,7 +133,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
 
 def start_server_ahead(ctx, *, params: KnobABParams, run_id: str, arm: Arm) -> None:
     """Launch run `run_id`'s server now; its run_one serves on it (the local executor's starts_together)."""
-    from specbook import harness
+    from specbook.measure import harness
 
     harness.start_ahead(_arm_config(arm, params), ctx, run_id)
 
@@ -140,7 +143,7 @@ def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, a
     """One (sweep, arm) run on a fresh server: its requests, categories, intervals rows, then its runs row (the
     unit's done row, last). A failure appends a failed runs row and raises RunError. Executors call this in the
     kernel (local) or in a Ray task against a staging folder (specbook.executors)."""
-    from specbook import harness
+    from specbook.measure import harness
 
     w = params.workload
     cfg = _arm_config(arm, params)
@@ -189,9 +192,9 @@ def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, a
 
 
 def _rule_stops(params: KnobABParams, ctx) -> bool:
-    """A look of the group-sequential rule (specbook.sequential) after a complete sweep; every look is kept in
+    """A look of the group-sequential rule (specbook.experiments.knob_ab.sequential) after a complete sweep; every look is kept in
     data/sequential_looks.json (a resumed run repeats a look on the same runs and gets the same answer)."""
-    from specbook import sequential
+    from specbook.experiments.knob_ab import sequential
 
     data = load(ctx)
     state = sequential.should_continue(data.runs, params, intervals=data.intervals)

@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specbook.arms import Arm, KnobSpec, build_arms
-from specbook.decision import DecisionRule
+from specbook.core.params import ExperimentParams
+from specbook.core.paths import project_root
+from specbook.core.request_failures import max_failed_requests_field
 from specbook.engines.base import EngineConfig
 from specbook.executors import ExecutorParams
-from specbook.params import ExperimentParams
-from specbook.paths import project_root
-from specbook.request_failures import max_failed_requests_field
+from specbook.experiments.arms import Arm, KnobSpec, build_arms
+from specbook.experiments.knob_ab.decision import DecisionRule
 from specbook.workloads.params import Gsm8kWorkloadParams
 from specbook.workloads.params import WorkloadParams as AnyWorkloadParams
 
@@ -46,8 +46,8 @@ class MeasurementParams(BaseModel):
     primary: Literal["steady_log_al", "counter_al"] = Field(
         "steady_log_al", description="per-run AL the statistics use: steady-state log intervals, or whole-run counters"
     )
-    max_failed_requests: int = max_failed_requests_field()  # per run (specbook.request_failures)
-    # No knob A/B interval resamples any more (they are Welch t, specbook.stats); kept so that params files
+    max_failed_requests: int = max_failed_requests_field()  # per run (specbook.core.request_failures)
+    # No knob A/B interval resamples any more (they are Welch t, specbook.core.stats); kept so that params files
     # and run folders written before still load.
     n_boot: int = Field(5000, ge=100, description="unused (was the bootstrap's resample count)")
     bootstrap_seed: int = Field(0, description="unused (was the bootstrap's seed)")
@@ -79,7 +79,7 @@ class KnobABParams(ExperimentParams):
         None, ge=1, description="adaptive sweeps: first look after this many sweeps; null: `sweeps`"
     )
     sweeps_max: int | None = Field(
-        None, ge=1, description="adaptive sweeps: stop here at the latest (specbook.sequential decides in between); "
+        None, ge=1, description="adaptive sweeps: stop here at the latest (specbook.experiments.knob_ab.sequential decides in between); "
         "null: `sweeps`. sweeps_min = sweeps_max is a fixed protocol; otherwise the collection loop looks "
         "(sequential.should_continue) after each complete sweep from sweeps_min on and stops once it decides"
     )
@@ -113,7 +113,7 @@ class KnobABParams(ExperimentParams):
             return
         import glob
 
-        from specbook.errors import ParamsError
+        from specbook.core.errors import ParamsError
 
         for pattern in self.ingest.logs:
             p = resolve_path(pattern)
@@ -139,7 +139,7 @@ class KnobABParams(ExperimentParams):
 
 
 def load_params_file(path: str) -> KnobABParams:
-    from specbook.params import load_params
+    from specbook.core.params import load_params
 
     return load_params(KnobABParams, path)
 

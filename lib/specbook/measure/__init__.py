@@ -1,0 +1,1 @@
+"""Serving through an engine and measuring: the harness's windows and the untimed passes."""

@@ -1,0 +1,1 @@
+"""What a reader sees: the summary block, tables, plots, the run index and diffs."""

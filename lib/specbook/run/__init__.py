@@ -1,0 +1,1 @@
+"""Running a book: the papermill runner, resume, the watchdog, the host lock."""

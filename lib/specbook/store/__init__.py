@@ -1,0 +1,1 @@
+"""The run folder: its manifest, its saved frames and logs, the machine's fingerprint."""
