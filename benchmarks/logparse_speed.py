@@ -153,10 +153,10 @@ def per_line_counts(path: Path) -> tuple[str, dict]:
             "last_timestamp": p.last_timestamp.isoformat() if p.last_timestamp else None,
         }  # fmt: skip
     from specbook.engines.vllm import logparse
+    from specbook.engines.vllm.timestamps import reference_year
 
     with path.open("rb") as handle:
-        p = logparse.parse_log([raw.decode("utf-8", errors="replace") for raw in handle],
-                               year=logparse._reference_year(path))
+        p = logparse.parse_log([raw.decode("utf-8", errors="replace") for raw in handle], year=reference_year(path))
     acc = p.acceptance()
     return "today's per-line reader (git not at hand)", {
         "records": len(p.spec_decoding), "stats_lines": len(p.engine_stats), "total_lines": p.total_lines,
