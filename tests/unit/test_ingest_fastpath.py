@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from recordnorm import _norm
 
-from specbook.engines.vllm import blockscan, logparse
+from specbook.engines.vllm import blockscan, lineparser, logparse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ALL_FIXTURE_LOGS = sorted([*FIXTURES.glob("logs/*.log"), *FIXTURES.glob("logs/knob_ab/*.log"),
@@ -212,16 +212,16 @@ def test_the_block_reader_holds_a_block_not_the_file(tmp_path):
                          ids=["plain", "coloured"])
 @pytest.mark.parametrize("keep", [True, False], ids=["parse_log", "summarise_log"])
 def test_lines_in_vllms_layout_skip_the_line_parser(keep, log, monkeypatch):
-    """On a real log every SpecDecoding and stats line is read from the block regexes; _Parser.record sees only
+    """On a real log every SpecDecoding and stats line is read from the block regexes; LineParser.record sees only
     the Env line (and summarise_log's regular blocks not even that: its text is cached)."""
     seen: list[str] = []
-    record = logparse._Parser.record
+    record = lineparser.LineParser.record
 
     def counting(self, line_no, raw):
         seen.append(raw)
         return record(self, line_no, raw)
 
-    monkeypatch.setattr(logparse._Parser, "record", counting)
+    monkeypatch.setattr(lineparser.LineParser, "record", counting)
     parsed = logparse.parse_log(log) if keep else logparse.summarise_log(log)
     assert all(line.startswith("Env:") for line in seen) and len(seen) <= 1
     expected = log.read_bytes().count(b"SpecDecoding metrics: ")

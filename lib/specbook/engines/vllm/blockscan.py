@@ -2,9 +2,9 @@
 
 A log is read in large binary blocks; newlines are counted per block, and only the lines that can matter
 (`SpecDecoding metrics:`, `Engine NNN:` stats, the `Env:` line, the first and last timestamped lines) are
-found with bytes.find and one exact-layout regex each; any other candidate goes through the per-line
-parser of specbook.engines.vllm.logparse, so both readers give the same records, counts and line
-numbers (tests/unit/test_ingest_fastpath.py). A large log's summary is read by several processes at
+found with bytes.find and one exact-layout regex each (logpatterns.layout_regexes); any other candidate
+goes through the per-line parser (lineparser.LineParser.record), so both readers give the same records,
+counts and line numbers (tests/unit/test_ingest_fastpath.py). A large log's summary is read by several processes at
 once and merged exactly.
 """
 
@@ -20,25 +20,27 @@ from typing import Any, BinaryIO
 
 from specbook.core.envline import ENV_PREFIX
 from specbook.core.errors import IngestError
-
-# package-internal: the per-line parser's state and record kinds, shared so both readers agree exactly
-from specbook.engines.vllm.logparse import (  # noqa: I001
-    _ENV,
-    _SPEC,
-    _STATS,
+from specbook.engines.vllm.counts import CountSums
+from specbook.engines.vllm.lineparser import LineParser, open_log
+from specbook.engines.vllm.logpatterns import (
+    ENV_LINE,
     SPEC_DECODING_PREFIX,
+    SPEC_GROUPS,
+    SPEC_LINE,
+    STATS_GROUPS,
+    STATS_LINE,
     STATS_MARKER,
+    header_stamp,
+    layout_regexes,
+)
+from specbook.engines.vllm.records import (
     BrokenLine,
+    Collector,
     EngineStatsInterval,
     SpecDecodingInterval,
     UnknownLine,
-    _Collector,
-    _CountSums,
-    _header_stamp,
-    _open,
-    _Parser,
-    _Timestamps,
 )
+from specbook.engines.vllm.timestamps import Timestamps
 
 BLOCK_SIZE = 1 << 19  # bytes read at a time (a few passes run over each: small enough to stay in cache); a
 # longer line grows the buffer to hold it
@@ -50,52 +52,6 @@ _ENV_BYTES = ENV_PREFIX.encode()
 _NEWLINE, _ENV_FIRST = 10, _ENV_BYTES[0]
 # A header needs one of these (after colour codes are stripped, hence ESC).
 _HEADER_WORDS = (b"INFO", b"WARNING", b"DEBUG", b"ERROR", b"CRITICAL", b"\x1b")
-# A number as _number reads it: float() of a match is what _number reads wherever float() accepts it (a
-# value such as "1.2.3", which float() refuses, sends the line to _Parser.record); as a field's whole value
-# it is valid for _number, _percent_fraction.
-_N = rb"\d[\d.]*"
-_I = rb"\d{1,15}"  # an integer below 2**53: int() of it is what _integer reads
-# Groups of the two line regexes below.
-_SPEC_GROUPS = {"stamp": 1, "marker": 2, "al": 3, "accepted": 6, "drafted": 7, "rates": 8}
-_STATS_GROUPS = {"stamp": 1, "index": 2, "count": 3, "marker": 4}
-
-
-def _line_regexes(month: int, colour: bool) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """Whole SpecDecoding and stats lines in the exact layout vLLM writes (the format strings of
-    vllm/v1/spec_decode/metrics.py and vllm/v1/metrics/loggers.py behind its formatter's header: one space
-    between parts, a process name without spaces, colour codes only around the header's parts, as its
-    ColoredFormatter puts them, where `colour`) with a timestamp in this month. Where one matches, the line without its
-    colour codes is what _HEADER_RE.search splits the same way, and every field reads as _Parser.record
-    reads it; every other line holding a marker goes through _Parser.record itself."""
-    c = rb"(?:\x1b\[[0-9;]*m)*" if colour else b""  # colour codes (VLLM_LOGGING_COLOR), which _Parser.record strips
-    head = (c + rb"(?:\([^ ()\n\x1b]* pid=\d+\)" + c + rb" " + c + rb")?(?:INFO|WARNING|DEBUG|ERROR|CRITICAL)" + c
-            + rb" " + c + rb"(" + b"%02d" % month + rb"-\d\d \d\d:\d\d:\d\d)" + c + rb" " + c
-            + rb"\[[^\]\n\x1b]+\]" + c + rb" ")
-    spec = re.compile(
-        head + rb"()SpecDecoding metrics: Mean acceptance length: (" + _N + rb"), "
-        rb"Accepted throughput: (" + _N + rb") tokens/s, Drafted throughput: (" + _N + rb") tokens/s, "
-        rb"Accepted: (" + _I + rb") tokens, Drafted: (" + _I + rb") tokens, "
-        rb"Per-position acceptance rate: (" + _N + rb"(?:, " + _N + rb")*), "
-        rb"Avg Draft acceptance rate: (" + _N + rb"|nan)%\r*\n"
-    )
-    stats = re.compile(
-        head + rb"(?:Engine (\d+)|(\d+) Engines Aggregated): ()"
-        rb"Avg prompt throughput: (" + _N + rb") tokens/s, Avg generation throughput: (" + _N + rb") tokens/s, "
-        rb"Running: (" + _I + rb") reqs, Waiting: (" + _I + rb") reqs, "
-        rb"([A-Z]+) KV cache usage: (" + _N + rb")%, Prefix cache hit rate: (" + _N + rb")%\r*\n"
-    )
-    return spec, stats
-
-
-_REGEXES: dict[tuple[int, bool], tuple[re.Pattern[bytes], re.Pattern[bytes]]] = {}
-
-
-def _regexes(month: int, colour: bool = True) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """_line_regexes, compiled once; without colour codes the regexes run faster (a block without ESC)."""
-    key = (month, colour)
-    if key not in _REGEXES:
-        _REGEXES[key] = _line_regexes(month, colour)
-    return _REGEXES[key]
 
 
 def _read_blocks(handle: BinaryIO, block_size: int, limit: int | None = None) -> Iterator[tuple[bytearray, int]]:
@@ -152,11 +108,11 @@ def _marker_lines(buf: bytearray, end: int, marker: bytes, regex: re.Pattern[byt
 
 
 class _BlockScan:
-    """The block reader: feeds a _Collector from a file's blocks, with the per-line reader's results."""
+    """The block reader: feeds a Collector from a file's blocks, with the per-line reader's results."""
 
-    def __init__(self, out: _Collector, year: int, *, commit_first: bool = True):
+    def __init__(self, out: Collector, year: int, *, commit_first: bool = True):
         self.out = out
-        self.parser = _Parser(year)
+        self.parser = LineParser(year)
         self.lines_before = 0  # lines in the blocks already read
         self.offset = 0  # bytes in the blocks already read
         self.line_starts = _LineStarts()
@@ -172,15 +128,15 @@ class _BlockScan:
         if self.first_text is None and (not parser.first_read or not self.commit_first):
             self._first_timestamp(buf, end)
         month = parser.timestamps.last_month
-        spec_re, stats_re = _regexes(month, buf.find(b"\x1b", 0, end) >= 0)
-        spec = _marker_lines(buf, end, _SPEC_MARKER, spec_re, _SPEC_GROUPS["marker"])
-        stats = _marker_lines(buf, end, _STATS_MARKER, stats_re, _STATS_GROUPS["marker"])
+        spec_re, stats_re = layout_regexes(month, buf.find(b"\x1b", 0, end) >= 0)
+        spec = _marker_lines(buf, end, _SPEC_MARKER, spec_re, SPEC_GROUPS["marker"])
+        stats = _marker_lines(buf, end, _STATS_MARKER, stats_re, STATS_GROUPS["marker"])
         if not self.out.keep_records and self._regular(buf, spec, stats, env_starts) and self._sum_regular(spec, stats):
             for ls in env_starts:  # checked by _regular: none is broken
                 self.out.add(self.parser.env_record(0, _line_text(buf, ls)))
         elif spec or stats or env_starts:
-            events = [(ls, _SPEC, m) for ls, m in spec] + [(ls, _STATS, m) for ls, m in stats]
-            events += [(ls, _ENV, None) for ls in env_starts]
+            events = [(ls, SPEC_LINE, m) for ls, m in spec] + [(ls, STATS_LINE, m) for ls, m in stats]
+            events += [(ls, ENV_LINE, None) for ls in env_starts]
             events.sort(key=_event_order)
             self._ordered(buf, events, month)
         if len(self.out.sums.pending) >= _FLUSH_ROWS:
@@ -201,7 +157,7 @@ class _BlockScan:
         """The block's SpecDecoding figures, in file order, to the sums; no timestamp steps the year (all are
         in the month already read). False, and nothing added, where a number does not convert."""
         if spec:
-            g = _SPEC_GROUPS
+            g = SPEC_GROUPS
             al_b, accepted_b, drafted_b, rates_b = zip(*[m.group(g["al"], g["accepted"], g["drafted"], g["rates"])
                                                          for _, m in spec], strict=True)
             try:
@@ -209,7 +165,7 @@ class _BlockScan:
                 rates = list(map(float, b", ".join(rates_b).split(b", ")))
             except ValueError:  # a number float() refuses ("1.2.3"): the block goes line by line
                 return False
-            if max(rates) > 1.0:  # not a rate (the regex reads no sign and no nan): _Parser.record breaks the line
+            if max(rates) > 1.0:  # not a rate (the regex reads no sign and no nan): LineParser.record breaks the line
                 return False
             rows = self.out.sums.pending
             rows.al += al
@@ -235,11 +191,11 @@ class _BlockScan:
             ls, kind, m = events[j]
             j += 1
             shared = j < n and events[j][0] == ls
-            while j < n and events[j][0] == ls:  # markers of two kinds in one line: _Parser.record decides
+            while j < n and events[j][0] == ls:  # markers of two kinds in one line: LineParser.record decides
                 j += 1
             line_no += count(b"\n", pos, ls)
             pos = ls
-            if kind == _ENV or shared:
+            if kind == ENV_LINE or shared:
                 m = None
             elif m is not None and timestamps.last_month != month:  # a line before stepped the month
                 m = _rematch(buf, ls, kind, timestamps.last_month)
@@ -247,11 +203,11 @@ class _BlockScan:
                 self._slow(buf, ls, line_no)
                 continue
             try:
-                if kind == _SPEC:
+                if kind == SPEC_LINE:
                     _, _, al_b, atp, dtp, acc_b, drafted_b, rates_b, rate_b = m.groups()
                     values: tuple[Any, ...] = (float(al_b), int(acc_b), int(drafted_b),
                                                list(map(float, rates_b.split(b", "))))
-                    if max(values[3]) > 1.0:  # not a rate: _Parser.record breaks the line
+                    if max(values[3]) > 1.0:  # not a rate: LineParser.record breaks the line
                         raise ValueError
                     if keep:
                         values += (float(atp), float(dtp), float(rate_b))
@@ -259,14 +215,14 @@ class _BlockScan:
                     _, _, _, _, prompt_tp, gen_tp, running, waiting, device, usage, hit = m.groups()
                     values = (float(prompt_tp), float(gen_tp), int(running), int(waiting), device.decode(),
                               float(usage) / 100.0, float(hit) / 100.0)
-            except ValueError:  # a number float() refuses ("1.2.3") or no rate: _Parser.record reads it as it reads it
+            except ValueError:  # a number float() refuses ("1.2.3") or no rate: LineParser.record reads it as it reads it
                 self._slow(buf, ls, line_no)
                 continue
             stamp_text = m.group(1).decode()
             stamp = timestamps(stamp_text)
             if stamp is not None:
                 parser.first_read = True
-            if kind == _SPEC:
+            if kind == SPEC_LINE:
                 out.intervals += 1
                 out.sums.add(*values[:4])
                 if keep:
@@ -287,7 +243,7 @@ class _BlockScan:
                     ))  # fmt: skip
 
     def _slow(self, buf: bytearray, start: int, line_no: int) -> None:
-        """One line through _Parser.record, as the per-line reader reads it."""
+        """One line through LineParser.record, as the per-line reader reads it."""
         record = self.parser.record(line_no, _line_text(buf, start))
         if not isinstance(record, UnknownLine):
             self.out.add(record)
@@ -300,7 +256,7 @@ class _BlockScan:
         for start, stop in _header_lines(buf, 0, end):
             if buf.startswith(_ENV_BYTES, start):
                 continue
-            text = _header_stamp(buf[start:stop].decode("utf-8", errors="replace").rstrip("\r"))
+            text = header_stamp(buf[start:stop].decode("utf-8", errors="replace").rstrip("\r"))
             if text is None or timestamps.peek(text) is None:
                 continue
             self.first_text = text
@@ -327,7 +283,7 @@ class _BlockScan:
             for ls, le in reversed(list(_header_lines(lines, 0, len(lines)))):
                 if lines.startswith(_ENV_BYTES, ls):
                     continue
-                text = _header_stamp(lines[ls:le].decode("utf-8", errors="replace").rstrip("\r"))
+                text = header_stamp(lines[ls:le].decode("utf-8", errors="replace").rstrip("\r"))
                 if text is not None and self.parser.timestamps.peek(text) is not None:
                     return text
             carry, end = chunk[:cut], begin
@@ -371,8 +327,8 @@ class _LineStarts:
 
 def _rematch(buf: bytearray, start: int, kind: int, month: int) -> re.Match[bytes] | None:
     """The line at start against the regex of this month (a line before it stepped the month)."""
-    m = _regexes(month)[kind].match(buf, start)
-    marker, group = (_SPEC_MARKER, _SPEC_GROUPS["marker"]) if kind == _SPEC else (_STATS_MARKER, _STATS_GROUPS["marker"])
+    m = layout_regexes(month)[kind].match(buf, start)
+    marker, group = (_SPEC_MARKER, SPEC_GROUPS["marker"]) if kind == SPEC_LINE else (_STATS_MARKER, STATS_GROUPS["marker"])
     return m if m is not None and buf.find(marker, start) == m.start(group) else None
 
 
@@ -381,7 +337,7 @@ def _line_text(buf: bytearray, start: int) -> str:
 
 
 def _stats_engine(m: re.Match[bytes]) -> str:
-    index, count = m.group(_STATS_GROUPS["index"], _STATS_GROUPS["count"])
+    index, count = m.group(STATS_GROUPS["index"], STATS_GROUPS["count"])
     return index.decode() if index is not None else f"aggregated:{count.decode()}"
 
 
@@ -407,9 +363,9 @@ def _header_lines(buf: bytearray, start: int, end: int) -> Iterator[tuple[int, i
 
 
 def scan_file(source: str | Path, *, year: int | None, keep_records: bool, keep_broken: int,
-               block_size: int | None = None) -> _Collector:
-    path, handle, default_year = _open(source)
-    out = _Collector(str(path), keep_records=keep_records, keep_broken=keep_broken)
+               block_size: int | None = None) -> Collector:
+    path, handle, default_year = open_log(source)
+    out = Collector(str(path), keep_records=keep_records, keep_broken=keep_broken)
     scan = _BlockScan(out, year or default_year)
     try:
         with handle:
@@ -441,7 +397,7 @@ class _Part:
     broken_lines: int
     broken: list[BrokenLine]  # line numbers counted from the range's first line
     env: dict[str, str] | None
-    sums: _CountSums
+    sums: CountSums
     first_text: str | None
     last_text: str | None
     months: list[int]
@@ -449,7 +405,7 @@ class _Part:
 
 
 def _scan_range(path: str, start: int, stop: int, year: int, keep_broken: int, block_size: int) -> _Part:
-    out = _Collector(path, keep_records=False, keep_broken=keep_broken)
+    out = Collector(path, keep_records=False, keep_broken=keep_broken)
     scan = _BlockScan(out, year, commit_first=False)
     with open(path, "rb") as handle:
         handle.seek(start)
@@ -494,9 +450,9 @@ def processes_for(size: int) -> int:
     return max(1, min(cpus, MAX_PROCESSES))
 
 
-def summarise_parallel(path: Path, year: int, keep_broken: int, processes: int, block_size: int) -> _Collector | None:
+def summarise_parallel(path: Path, year: int, keep_broken: int, processes: int, block_size: int) -> Collector | None:
     """A summary read by `processes` processes, one byte range each, put together exactly as one reader would
-    have read it: counts added, line numbers shifted, sums exact (_CountSums), and the year stepped by
+    have read it: counts added, line numbers shifted, sums exact (CountSums), and the year stepped by
     replaying, in order, the months each part read. None where a part read a 02-29 (valid or not depending on
     the year the part could not know): the caller then reads the file in one process."""
     import multiprocessing
@@ -514,8 +470,8 @@ def summarise_parallel(path: Path, year: int, keep_broken: int, processes: int, 
         raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
     if any(part.leap_day for part in parts):
         return None
-    out = _Collector(str(path), keep_records=False, keep_broken=keep_broken)
-    timestamps = _Timestamps(year)
+    out = Collector(str(path), keep_records=False, keep_broken=keep_broken)
+    timestamps = Timestamps(year)
     last_text = None
     for part in parts:
         for broken in part.broken:
