@@ -18,9 +18,9 @@ from pathlib import Path
 
 from specbook.engines import EngineConfig, get_engine, launch
 from specbook.measure.harness import Server
+from specbook.measure.tracepass import trace_pass, traced_config
 from specbook.models import DRAFT_INT4, TARGET
 from specbook.serve.client import ChatRequest
-from specbook.traces import trace_pass, traced_config
 
 SPECS = {
     "draft": {"method": "draft_model", "num_speculative_tokens": 4},

@@ -1,22 +1,19 @@
-"""`specbook ingest PATH... --json`: one summary per server log or benchmark run, the format detected from content.
+"""`specbook ingest PATH... --json`: one summary per server log or benchmark output, the format detected from content.
 
 Each registered engine adapter (specbook.engines) recognises its own log (`detect_log(head_lines)`: how
 many of the first lines carry its signatures) and summarises it through its own log parser
 (`summarise_log(path)`); this module only checks the files, picks the engine with most hits and writes
-the result in one schema, IngestResult. Formats specbook can recognise but not read yet (SGLang) are
-named in the error.
+the result in one schema, IngestResult.
 
-vLLM's own benchmark outputs are read too (specbook.engines.vllm.benchresult): a `vllm bench serve
---save-result` JSON file is detected by its content before any log detector runs, and a `vllm bench sweep
-serve` output folder by its run=N.json files; each measured run becomes one BenchIngestResult, its counts
-through the same acceptance model.
+An engine whose own benchmark client writes result files or folders reads them too (its bench reader,
+specbook.engines.base.BenchReader: vLLM's `vllm bench serve` / `vllm bench sweep serve`): such a file is
+detected by its content before any log detector runs, and each measured run becomes one record of the
+engine's bench schema, its counts through the same acceptance model.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -24,29 +21,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from specbook.core.acceptance import DEFINITION, FIRST_POSITION, Acceptance
+from specbook.core.acceptance import DEFINITION, FIRST_POSITION
 from specbook.core.errors import IngestError
-from specbook.engines import get_engine, list_engines
-from specbook.engines.vllm import benchresult
+from specbook.engines import capability, get_engine, list_engines
+from specbook.engines.base import BenchReader, ReadsBenchOutputs
+from specbook.engines.ingestfields import PositionCount, acceptance_fields
 
 # How much of a file's head the engine detector reads (startup banners come first).
 _DETECT_LINES = 2000
 _DETECT_BYTES = 1 << 20
 
-# Logs specbook recognises but has no reader for yet: name -> signatures (searched in each head line).
-UNREAD_FORMATS: dict[str, list[re.Pattern[str]]] = {
-    "sglang": [
-        re.compile(r"sglang|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: TP\d+)?\] (?:Decode|Prefill) batch"),
-    ],
-}
-
-
-class PositionCount(BaseModel):
-    """Accepted draft tokens at one draft position."""
-
-    position: int = Field(description=f"draft position, numbered from {FIRST_POSITION} (the first drafted token)")
-    accepted: float = Field(description="draft tokens accepted at this position (a count)")
-    rate: float | None = Field(description="accepted / drafts; null where the log gives no draft count")
+# Kept importable from here: the acceptance fields every ingest record shares (specbook.engines.ingestfields).
+__all__ = ["IngestResult", "PositionCount", "acceptance_fields", "detect_engine", "ingest_file", "ingest_files",
+           "ingest_path", "read_head"]
 
 
 class IngestResult(BaseModel):
@@ -93,28 +80,6 @@ class IngestResult(BaseModel):
     note: str | None = None
 
 
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
-
-
-def acceptance_fields(acc: Acceptance) -> dict[str, Any]:
-    """IngestResult's acceptance fields from the acceptance model (its figures, never recomputed here)."""
-    rates = acc.position_rates()
-    return {
-        "source": acc.source,
-        "drafts": None if acc.drafts is None else int(round(acc.drafts)),
-        "draft_tokens": int(round(acc.draft_tokens)),
-        "accepted_tokens": int(round(acc.accepted_tokens)),
-        "al": _finite(acc.al),
-        "acceptance_rate": _finite(acc.acceptance_rate),
-        "accepted_per_position": [
-            PositionCount(position=pos, accepted=acc.accepted_per_position[pos - FIRST_POSITION],
-                          rate=_finite(rate))
-            for pos, rate in rates.items()
-        ],
-    }
-
-
 def read_head(path: Path) -> list[str]:
     """The first lines of a file (at most _DETECT_LINES lines, _DETECT_BYTES bytes), decoded leniently."""
     try:
@@ -126,132 +91,53 @@ def read_head(path: Path) -> list[str]:
 
 
 def detect_engine(lines: Sequence[str] | Iterable[str]) -> str | None:
-    """The engine (registered, or a format in UNREAD_FORMATS) with most signature hits in these lines;
-    None when nothing matches."""
+    """The registered engine with most signature hits in these lines; None when nothing matches."""
     lines = list(lines)
     hits = {name: get_engine(name).detect_log(lines) for name in list_engines()}
-    for name, patterns in UNREAD_FORMATS.items():
-        hits[name] = sum(1 for line in lines if any(p.search(line) for p in patterns))
     best = max(hits, key=lambda e: hits[e])
     return best if hits[best] else None
 
 
-class BenchIngestResult(BaseModel):
-    """What `specbook ingest` prints for one run of vLLM's `vllm bench serve` (a --save-result file, or one
-    run=N.json of a `vllm bench sweep serve` folder): one JSON object per run.
-
-    The acceptance fields follow the acceptance model from the /metrics deltas vLLM saved (drafts,
-    draft_tokens, accepted_tokens, per-position rates x drafts); `vllm_al` is the AL vLLM printed, kept beside
-    specbook's for a check (the same definition: they agree). Throughput and latencies are vLLM's own
-    figures, unchanged: output_tok_s = total_output_tokens / duration_s (usage-counted tokens over the
-    benchmark's wall time), TTFT to the first streamed chunk, TPOT = (latency - TTFT) / (output tokens - 1).
-    Without speculation (or with no draft in the run) vLLM saves no counters: drafts, al are null.
-    """
-
-    file: str
-    engine: str = Field(description="the engine whose benchmark client wrote the file")
-    source: str
-    record_kind: str = Field(description="'bench run'")
-    combination: str | None = Field(description="sweep: the combination's folder (serve/bench parameters)")
-    run_number: int | None = Field(description="sweep: the run's number within its combination")
-    drafts: int | None
-    draft_tokens: int | None
-    accepted_tokens: int | None
-    k: int | None
-    al: float | None = Field(description=DEFINITION)
-    acceptance_rate: float | None = Field(description="accepted_tokens / draft_tokens (vLLM saves it x 100)")
-    accepted_per_position: list[PositionCount]
-    vllm_al: float | None = Field(description="spec_decode_acceptance_length as vLLM saved it")
-    backend: str | None
-    model_id: str | None
-    num_prompts: int | None
-    max_concurrency: int | None
-    request_rate: float | str | None
-    completed: int | None
-    failed: int | None
-    duration_s: float | None
-    total_input_tokens: int | None
-    total_output_tokens: int | None
-    output_tok_s: float | None
-    request_per_s: float | None
-    mean_ttft_ms: float | None
-    median_ttft_ms: float | None
-    mean_tpot_ms: float | None
-    median_tpot_ms: float | None
-    mean_itl_ms: float | None
-    median_itl_ms: float | None
-    date: str | None
-    note: str | None = None
+def bench_readers() -> dict[str, BenchReader]:
+    """Engine name -> the reader of its benchmark client's outputs, for every engine that has one."""
+    return {name: adapter.bench_reader for name in list_engines()
+            if (adapter := capability(name, ReadsBenchOutputs)) is not None}
 
 
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-def bench_run_result(run: benchresult.BenchRun, note: str | None = None) -> dict[str, Any]:
-    """BenchIngestResult of one vLLM benchmark run, as JSON-ready data."""
-    acc = run.acceptance()
-    if acc is None:
-        fields: dict[str, Any] = {"source": benchresult.SOURCE, "drafts": None, "draft_tokens": None,
-                                  "accepted_tokens": None, "al": None, "acceptance_rate": None,
-                                  "accepted_per_position": []}
-        note = note or "no spec_decode counters in this result: the server ran without speculation or drafted nothing"
-        k = None
-    else:
-        fields = acceptance_fields(acc)
-        k = acc.k or None
-        if acc.k and sum(acc.accepted_per_position) != acc.accepted_tokens:
-            note = (note + "; " if note else "") + (
-                f"per-position counts sum to {sum(acc.accepted_per_position):g}, not accepted_tokens "
-                f"{acc.accepted_tokens:g}")
-    rate = run.get("request_rate")
-    result = BenchIngestResult(
-        file=str(run.file), engine="vllm", record_kind="bench run", combination=run.combination,
-        run_number=_int(run.number("run_number")), k=k, vllm_al=_finite(run.number("spec_decode_acceptance_length")),
-        backend=run.text("backend") or run.text("endpoint_type"), model_id=run.text("model_id"),
-        num_prompts=_int(run.number("num_prompts")), max_concurrency=_int(run.number("max_concurrency")),
-        request_rate=rate if isinstance(rate, str) else run.number("request_rate"),
-        completed=_int(run.number("completed")), failed=_int(run.number("failed")),
-        duration_s=run.number("duration"), total_input_tokens=_int(run.number("total_input_tokens")),
-        total_output_tokens=_int(run.number("total_output_tokens")), output_tok_s=run.number("output_throughput"),
-        request_per_s=run.number("request_throughput"),
-        mean_ttft_ms=run.number("mean_ttft_ms"), median_ttft_ms=run.number("median_ttft_ms"),
-        mean_tpot_ms=run.number("mean_tpot_ms"), median_tpot_ms=run.number("median_tpot_ms"),
-        mean_itl_ms=run.number("mean_itl_ms"), median_itl_ms=run.number("median_itl_ms"),
-        date=run.text("date"), note=note, **fields,
-    )
-    return result.model_dump(mode="json")
+def _folder_reader(path: Path) -> BenchReader | None:
+    return next((r for r in bench_readers().values() if r.reads_folder(path)), None) if path.is_dir() else None
 
 
 def _check_readable(path: Path) -> None:
     if not path.exists():
         raise IngestError(f"log file {path} does not exist")
-    if path.is_dir() and benchresult.is_sweep_folder(path):
+    if _folder_reader(path) is not None:
         return
     if not path.is_file():
-        raise IngestError(f"log file {path} is not a regular file (nor a vllm bench sweep folder with run=N.json)")
+        raise IngestError(f"log file {path} is not a regular file (nor a benchmark output folder an engine reads: "
+                          f"{', '.join(bench_readers()) or 'none'})")
     if not os.access(path, os.R_OK):
         raise IngestError(f"log file {path} is not readable")
 
 
 def ingest_path(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one path: a server log (one IngestResult), a vLLM bench result file (one
-    BenchIngestResult per run it holds) or a vLLM bench sweep folder (one per run=N.json)."""
+    """The records of one path: a server log (one IngestResult), or an engine's benchmark output (a result file
+    or an output folder, one record per run it holds, e.g. vLLM's BenchIngestResult)."""
     path = Path(path)
     _check_readable(path)
-    if path.is_dir():
-        sweep = benchresult.read_sweep_folder(path)
-        note = (f"this sweep folder also holds {len(sweep.failures)} failed run(s): "
-                f"{', '.join(str(p.relative_to(path)) for p in sweep.failures)}") if sweep.failures else None
-        return [bench_run_result(run, note) for run in sweep.runs]
+    folder = _folder_reader(path)
+    if folder is not None:
+        return folder.read(path)
     head = read_head(path)
-    if benchresult.detect_result("\n".join(head)):
-        return [bench_run_result(run) for run in benchresult.read_result_file(path)]
+    text = "\n".join(head)
+    reader = next((r for r in bench_readers().values() if r.detects(text)), None)
+    if reader is not None:
+        return reader.read(path)
     return [_ingest_log(path, head)]
 
 
 def ingest_file(path: str | Path) -> dict[str, Any]:
-    """IngestResult of one server log (or BenchIngestResult of a one-run vLLM bench result), as JSON-ready data;
+    """IngestResult of one server log (or the record of a one-run benchmark result), as JSON-ready data;
     IngestError naming the file when it is missing, unreadable, or no registered engine's log."""
     records = ingest_path(path)
     if len(records) != 1:
@@ -262,14 +148,8 @@ def ingest_file(path: str | Path) -> dict[str, Any]:
 def _ingest_log(path: Path, head: list[str]) -> dict[str, Any]:
     engine = detect_engine(head)
     if engine is None:
-        known = [*list_engines(), *UNREAD_FORMATS]
-        raise IngestError(f"log file {path}: no line looks like a known engine's log ({', '.join(known)}) "
-                          "nor a vllm bench serve result")
-    if engine in UNREAD_FORMATS:
-        raise IngestError(
-            f"log file {path} looks like a {engine} log, which specbook recognises but does not read yet; "
-            f"it reads logs of: {', '.join(list_engines())}"
-        )
+        raise IngestError(f"log file {path}: no line looks like a known engine's log ({', '.join(list_engines())}) "
+                          f"nor a benchmark result an engine reads ({', '.join(bench_readers()) or 'none'})")
     summary = dict(get_engine(engine).summarise_log(path))
     acc = summary.pop("acceptance")
     result = IngestResult(file=str(path), engine=engine, **acceptance_fields(acc), **summary)

@@ -12,9 +12,9 @@ import pytest
 
 from specbook.engines import EngineConfig, get_engine, launch
 from specbook.measure.harness import Server
+from specbook.measure.tracepass import TraceSet, trace_pass, traced_config
 from specbook.models import DRAFT_INT4, TARGET
 from specbook.serve.client import ChatRequest
-from specbook.traces import TraceSet, trace_pass, traced_config
 from specbook.traces.compare import compare_with_reference, identical_share, systematic_mismatches
 from specbook.traces.derive import VERIFIED
 from specbook.traces.replay import load_draft, replay_reference

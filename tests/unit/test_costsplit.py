@@ -10,8 +10,11 @@ import types
 from pathlib import Path
 
 import pytest
+from bare_engine import BareEngine as _Bare
 
 from specbook.core.errors import EngineError
+from specbook.engines import _ENGINES as REGISTRY
+from specbook.engines import register_engine
 from specbook.engines.base import EngineConfig
 from specbook.engines.llamacpp import perf
 from specbook.engines.vllm import profile, trace_plugin
@@ -202,7 +205,7 @@ def test_llamacpp_off_split_and_missing_statistics():
 
 
 def test_llamacpp_profiled_config_adds_debug_verbosity_only_with_speculation(tmp_path):
-    on = EngineConfig(engine="llamacpp", model="m", speculative_config={"method": "ngram"})
+    on = EngineConfig(engine="llamacpp", model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     assert perf.profiled_config(on, tmp_path).extra_args[-2:] == ["-lv", "4"]
     off = EngineConfig(engine="llamacpp", model="m")
     assert perf.profiled_config(off, tmp_path).extra_args == []
@@ -229,8 +232,16 @@ def test_derived_split_and_frame():
 def test_profiled_pass_refuses_an_engine_without_a_profiler(tmp_path):
     from specbook.store.runstore import RunContext
 
-    with pytest.raises(EngineError, match="no profiler for engine 'sglang'"):
+    with pytest.raises(EngineError, match="'sglang' is not registered"):
         costsplit.profiled_pass(EngineConfig(engine="sglang", model="m"), [], RunContext(tmp_path), name="p", lane="x")
+    register_engine("no-profiler")(type("NoProfiler", (_Bare,), {"name": "no-profiler"}))
+    try:
+        with pytest.raises(EngineError, match="engine 'no-profiler' has no profiler; engines with one: llamacpp, vllm"):
+            costsplit.profiled_pass(EngineConfig(engine="no-profiler", model="m"), [], RunContext(tmp_path / "r"),
+                                    name="p", lane="x")
+        assert not (tmp_path / "r" / costsplit.PROFILES_DIR).exists()  # refused before anything is made
+    finally:
+        REGISTRY.pop("no-profiler")
 
 
 def test_cost_split_bars_draws_one_stacked_bar_per_engine_and_lane():

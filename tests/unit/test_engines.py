@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bare_engine import BareEngine
 
 from specbook.core.errors import ModelNotPreparedError, UnknownEngineError
 from specbook.engines import _ENGINES as REGISTRY
@@ -57,35 +58,14 @@ def test_both_engines_are_registered_and_unknown_names_list_known_ones():
         get_engine("sglang-x")
 
 
-class _ShapedAdapter:
-    """A third engine's adapter, test-only: own argv, the protocol's five methods (none is called here)."""
+class _ShapedAdapter(BareEngine):
+    """A third engine's adapter, test-only: own argv, the protocol's required methods (none other is called)."""
 
     name = "fake-engine"
 
     def build_spec(self, cfg, *, name, log_path, port):
         return ServerSpec(name=name, argv=["fake-server", "-m", cfg.model, "--port", str(port)],
                           port=port, log_path=log_path, model_name=cfg.client_model_name())
-
-    def probe_versions(self, base_url=None):
-        return {"engine": self.name}
-
-    def spec_decode_delta(self, before, after, model_name=None):
-        raise NotImplementedError
-
-    def startup_facts(self, log_path):
-        return {}
-
-    def log_intervals(self, lines):
-        raise NotImplementedError
-
-    def detect_log(self, head_lines):
-        return 0
-
-    def summarise_log(self, path):
-        raise NotImplementedError
-
-    def setup_facts(self, cfg, startup):
-        raise NotImplementedError
 
 
 PROTOCOL_METHODS = sorted(n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_"))
@@ -100,13 +80,13 @@ def test_an_adapter_with_the_whole_protocol_registers_and_launches(tmp_path):
         REGISTRY.pop("fake-engine")
 
 
-def test_the_shaped_adapter_covers_the_protocol():
-    assert set(PROTOCOL_METHODS) <= set(vars(_ShapedAdapter)) and "build_spec" in PROTOCOL_METHODS
+def test_the_bare_adapter_covers_the_protocol():
+    assert set(PROTOCOL_METHODS) <= set(vars(BareEngine)) and {"build_spec", "refusals"} <= set(PROTOCOL_METHODS)
 
 
 @pytest.mark.parametrize("missing", PROTOCOL_METHODS)
 def test_an_adapter_lacking_a_protocol_method_is_refused(missing):
-    partial = type("Partial", (), {k: v for k, v in vars(_ShapedAdapter).items() if k != missing})
+    partial = type("Partial", (), {k: v for k, v in vars(BareEngine).items() if k != missing})
     with pytest.raises(TypeError, match="Partial does not implement the Engine protocol"):
         register_engine("partial")(partial)
     assert "partial" not in list_engines()

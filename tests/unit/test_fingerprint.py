@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from specbook.core.errors import RunError
-from specbook.engines.base import torch_cuda_version
+from specbook.core.versions import torch_cuda_version
 from specbook.store.fingerprint import (
     GIT_DIRTY_ENV,
     GIT_SHA_ENV,

@@ -42,6 +42,9 @@ class StubEngine:
 
     name = ENGINE
 
+    def refusals(self, cfg: EngineConfig) -> list[str]:
+        return []
+
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
         return ServerSpec(
             name=name, argv=[sys.executable, str(STUB), "--port", str(port), *cfg.extra_args], env=dict(cfg.env),

@@ -90,15 +90,17 @@ def test_directory_is_not_a_log(tmp_path):
 def test_text_of_no_engine_is_refused(tmp_path):
     other = tmp_path / "notes.txt"
     other.write_text("shopping list\neggs\nmilk\n")
-    with pytest.raises(IngestError, match="notes.txt.*no line looks like.*llamacpp.*vllm.*sglang"):
+    with pytest.raises(IngestError, match=r"notes.txt: no line looks like a known engine's log \(llamacpp, vllm\) "
+                       r"nor a benchmark result an engine reads \(vllm\)"):
         ingest.ingest_file(other)
 
 
-def test_sglang_is_detected_but_not_read(tmp_path):
+def test_a_log_of_an_engine_without_a_package_is_refused_naming_those_read(tmp_path):
+    """An engine's log is read by its package under specbook.engines; without one, nothing claims the file."""
     log = tmp_path / "sglang.log"
     log.write_text("[2026-11-30 10:00:00 TP0] Decode batch. #running-req: 1, #token: 80, gen throughput (token/s): 50\n"
                    "[2026-11-30 10:00:01] INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK (sglang)\n")
-    with pytest.raises(IngestError, match="sglang.log looks like a sglang log.*does not read yet.*llamacpp, vllm"):
+    with pytest.raises(IngestError, match=r"sglang.log: no line looks like a known engine's log \(llamacpp, vllm\)"):
         ingest.ingest_file(log)
 
 

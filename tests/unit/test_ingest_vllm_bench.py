@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from specbook import cli, ingest
 from specbook.core.errors import IngestError
 from specbook.engines.vllm import benchresult
+from specbook.engines.vllm.benchingest import BenchIngestResult
 
 BENCH = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_bench"
 SAVED = BENCH / "openai-infqps-concurrency4-smollm2-20261130-185156.json"
@@ -165,5 +166,5 @@ def test_any_value_in_any_field_gives_a_record_or_an_ingest_error(tmp_path, key,
     except IngestError as exc:
         assert str(path) in str(exc)
         return
-    ingest.BenchIngestResult.model_validate(result)
+    BenchIngestResult.model_validate(result)
     json.dumps(result, allow_nan=False)  # --json prints valid JSON

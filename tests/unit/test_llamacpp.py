@@ -68,19 +68,33 @@ def test_ngram_maps_lookup_and_draft_length(gguf):
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ({"method": "eagle", "num_speculative_tokens": 4}, "no llama.cpp mapping"),
-        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "eagle", "num_speculative_tokens": 4}, "speculative_config.method 'eagle' has no llama.cpp mapping"),
+        ({"method": "ngram"}, "num_speculative_tokens must be a positive int, got None"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "attention_backend": "X"},
+         "speculative_config.attention_backend has no llama.cpp mapping"),
     ],
 )
-def test_bad_speculative_configs_are_refused(gguf, spec, match):
-    with pytest.raises(EngineError, match=match):
-        _argv(EngineConfig(engine="llamacpp", model=str(gguf[0]), speculative_config=spec))
+def test_bad_speculative_configs_are_refused_at_params_time_naming_the_key(gguf, spec, match):
+    with pytest.raises(ValueError, match=f"engine llamacpp: .*{match}"):
+        EngineConfig(engine="llamacpp", model=str(gguf[0]), speculative_config=spec)
 
 
-def test_dtype_other_than_bf16_is_refused(gguf):
-    with pytest.raises(EngineError, match="dtype 'float16'"):
-        _argv(EngineConfig(engine="llamacpp", model=str(gguf[0]), dtype="float16"))
+@pytest.mark.parametrize("fields, match", [
+    ({"dtype": "float16"}, "dtype 'float16' cannot be applied"),
+    ({"attention_backend": "TRITON_ATTN"}, "attention_backend 'TRITON_ATTN'.*-fa on"),
+    ({"enforce_eager": False}, "enforce_eager false has no llama-server counterpart"),
+])
+def test_fields_llama_server_cannot_honour_are_refused_at_params_time(gguf, fields, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(engine="llamacpp", model=str(gguf[0]), **fields)
+
+
+def test_a_config_built_around_validation_is_still_refused_at_launch(gguf):
+    cfg = EngineConfig(engine="llamacpp", model=str(gguf[0])).model_copy(update={"dtype": "float16"})
+    with pytest.raises(EngineError, match="engine llamacpp: dtype 'float16'"):
+        _argv(cfg)
+    assert "--dtype" not in _argv(EngineConfig(engine="llamacpp", model=str(gguf[0]), dtype="bfloat16"))
 
 
 def test_non_gguf_file_is_refused(tmp_path, monkeypatch):
@@ -96,12 +110,6 @@ def test_parent_llama_arg_variables_are_unset(gguf, monkeypatch):
     spec = get_engine("llamacpp").build_spec(
         EngineConfig(engine="llamacpp", model=str(gguf[0])), name="s", log_path=Path("s.log"), port=8123)
     assert "LLAMA_ARG_N_PARALLEL" in spec.unset_env
-
-
-def test_attention_backend_is_refused_with_the_flag_that_exists(gguf):
-    target, _ = gguf
-    with pytest.raises(EngineError, match="attention_backend 'TRITON_ATTN'.*-fa on"):
-        _argv(EngineConfig(engine="llamacpp", model=str(target), attention_backend="TRITON_ATTN"))
 
 
 @pytest.fixture

@@ -372,6 +372,9 @@ class SecretsStubEngine:
     name = ENGINE
     side: Path = Path("unset")
 
+    def refusals(self, cfg: EngineConfig) -> list[str]:
+        return []
+
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
         argv = [sys.executable, "-c", WRAP_STUB, str(STUB), str(self.side), "--mode", "serving", "--port", str(port),
                 *cfg.extra_args]

@@ -1,43 +1,29 @@
-"""Engine adapters registered by name; one module per engine (vllm now; llama.cpp and SGLang next)."""
+"""Everything engine-specific: one package per engine (vllm, llamacpp), each registering its adapter at import.
+
+Importing specbook.engines imports every package under it (specbook.engines.registry.discover), so adding an
+engine is adding its package. The interface every adapter implements, and the optional capabilities it may
+offer, are in specbook.engines.base.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from specbook.core.errors import UnknownEngineError
 from specbook.engines.base import Engine, EngineConfig, resolve_model
+from specbook.engines.registry import (
+    _ENGINES,
+    capability,
+    discover,
+    get_engine,
+    list_engines,
+    offering,
+    register_engine,
+    require,
+    response_draft_counts,
+    upgrade_log_frame,
+    with_log_stats_interval,
+)
 from specbook.serve.server import ManagedServer, free_port
-
-_ENGINES: dict[str, Engine] = {}
-_T = TypeVar("_T")
-
-
-def register_engine(name: str) -> Callable[[type[_T]], type[_T]]:
-    """Class decorator: `@register_engine("vllm") class VllmEngine: ...` registers one instance."""
-
-    def deco(cls: type[_T]) -> type[_T]:
-        instance = cls()
-        if not isinstance(instance, Engine):
-            raise TypeError(f"{cls.__name__} does not implement the Engine protocol")
-        _ENGINES[name] = instance
-        return cls
-
-    return deco
-
-
-def get_engine(name: str) -> Engine:
-    try:
-        return _ENGINES[name]
-    except KeyError:
-        raise UnknownEngineError(
-            f"engine {name!r} is not registered; known engines: {', '.join(list_engines()) or 'none'}"
-        ) from None
-
-
-def list_engines() -> list[str]:
-    return sorted(_ENGINES)
 
 
 def launch(cfg: EngineConfig, *, name: str, log_path: Path, port: int | None = None) -> ManagedServer:
@@ -48,16 +34,21 @@ def launch(cfg: EngineConfig, *, name: str, log_path: Path, port: int | None = N
     return ManagedServer(spec)
 
 
-# Adapters register themselves at import.
-from specbook.engines import llamacpp as _llamacpp  # noqa: E402,F401
-from specbook.engines import vllm as _vllm  # noqa: E402,F401
+discover()
 
 __all__ = [
+    "_ENGINES",
     "Engine",
     "EngineConfig",
+    "capability",
     "get_engine",
     "launch",
     "list_engines",
+    "offering",
     "register_engine",
+    "require",
     "resolve_model",
+    "response_draft_counts",
+    "upgrade_log_frame",
+    "with_log_stats_interval",
 ]

@@ -1,43 +1,115 @@
-"""What every engine adapter takes (EngineConfig) and offers (Engine protocol)."""
+"""What every engine adapter takes (EngineConfig), must offer (Engine) and may offer (the capabilities).
+
+An adapter is one package under specbook.engines that registers its class with `@register_engine(name)`
+(specbook.engines.registry) when imported; specbook.engines imports every such package. Code outside
+specbook.engines never compares an engine's name: it asks the adapter (the Engine methods below), or asks
+whether the adapter offers an optional capability (`registry.capability(engine, Kind)`, a runtime-checkable
+Protocol below) and does without it, or refuses naming the engine, where it does not.
+
+Optional attributes, read with a default where absent:
+    reserved_options  tuple[str, ...]  server options specbook sets itself: extra_args setting one are refused
+    health_path       str | None       readiness path polled first ("/health"; None: none)
+    models_path       str | None       model list polled next, which must name the served model ("/v1/models")
+    version_keys      tuple[str, ...]  keys of probe_versions a report's servers table shows as columns
+"""
 
 from __future__ import annotations
 
-import ast
-import importlib.metadata
-import importlib.util
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from specbook.models.resolve import is_embedded_name, resolve_model
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from specbook.serve.client import ChatRequest
+    from specbook.serve.logs import LogRange
     from specbook.serve.metrics import CounterDelta, MetricsSnapshot
     from specbook.serve.server import ServerSpec
+    from specbook.traces.records import TraceReading
+
+# Kept importable from here (they were defined here): model resolution lives with the models.
+__all__ = [
+    "CAPABILITIES",
+    "SETUP_ASPECTS",
+    "BenchReader",
+    "DerivesWeights",
+    "DescribesBuild",
+    "DraftCounts",
+    "Engine",
+    "EngineConfig",
+    "MeasuredSplit",
+    "ProfilesSteps",
+    "ProposalTracer",
+    "ReadsBenchOutputs",
+    "ReportsResponseDrafts",
+    "SetsLogStatsInterval",
+    "SetupFact",
+    "StepProfiler",
+    "SummarisesRequestLogs",
+    "TracedPass",
+    "TracesProposals",
+    "UpgradesLogFrames",
+    "is_embedded_name",
+    "resolve_model",
+]
+
+
+class SetupFact(NamedTuple):
+    """One aspect of a server's set-up: `value` is what two engines are compared on, `detail` how this engine
+    got there (its flags, what its log said)."""
+
+    value: str
+    detail: str = ""
+
+
+# What a cross-engine report lines up side by side; a differing value is an asymmetry of the comparison.
+SETUP_ASPECTS = ("compute threads", "server processes", "concurrent sequences", "context per sequence", "weights",
+                 "graphs / compilation", "speculation", "draft tokens per step")
+
 
 class EngineConfig(BaseModel):
-    """One engine server's configuration as an experiment declares it (params YAML)."""
+    """One engine server's configuration as an experiment declares it (the params YAML's `engine:` keys).
+
+    The fields are one vocabulary for every engine (vLLM's words, where it had them first); each adapter maps
+    them onto its own server, and refuses at params time, naming the field, what it cannot honour
+    (`Engine.refusals`) rather than launching something else than what was declared.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: str = "vllm"
-    model: str = Field(min_length=1, description="path, hub id, or embedded model name")
-    served_model_name: str | None = None
-    speculative_config: dict[str, Any] | None = None
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    max_model_len: int | None = Field(default=2048, gt=0)
-    dtype: str | None = None
+    engine: str = Field("vllm", description="the registered adapter serving this config (params naming none: vllm)")
+    model: str = Field(min_length=1, description="path, hub id, or embedded model name; each adapter loads it in "
+                       "its own format (llama.cpp: a GGUF, derived from the same weights where not given as one)")
+    served_model_name: str | None = Field(None, description="the name clients send as `model`; None: `model` as "
+                                          "declared (vLLM --served-model-name, llama.cpp --alias)")
+    speculative_config: dict[str, Any] | None = Field(
+        None, description="speculation, in keys every adapter maps or refuses: method (ngram, draft_model, ...), "
+        "model (the draft), num_speculative_tokens (k), prompt_lookup_max / prompt_lookup_min (ngram sizes); an "
+        "engine may take more keys of its own (vLLM: any of its speculative config's); None: speculation off")
+    max_num_seqs: int | None = Field(default=None, gt=0, description="sequences served at once (vLLM "
+                                     "--max-num-seqs, llama.cpp slots -np); None: the engine's default")
+    max_model_len: int | None = Field(default=2048, gt=0, description="context tokens per sequence (vLLM "
+                                      "--max-model-len, llama.cpp -c of this times the slots)")
+    dtype: str | None = Field(None, description="the dtype the weights compute in (vLLM --dtype); an engine "
+                              "that computes in its weights' own types accepts only theirs; None: the checkpoint's")
     # vLLM: --attention-backend NAME (FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...); None lets vLLM choose. It
     # reaches the target only: vLLM 0.26 picks the draft's backend itself unless speculative_config names
     # one (attention_backend there). specbook.engines.vllm.startup reads from the log what each of them used.
-    attention_backend: str | None = None
-    enforce_eager: bool = True
-    seed: int | None = 0
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    ready_timeout_s: float = Field(default=600, gt=0)
+    attention_backend: str | None = Field(None, description="the attention kernels by the engine's name for them; "
+                                          "None: the engine chooses")
+    enforce_eager: bool = Field(True, description="run the target without ahead-of-time compilation or graph "
+                                "capture (vLLM --enforce-eager); false: the engine's compiled / captured path")
+    seed: int | None = Field(0, description="the server's sampling seed (vLLM --seed, llama.cpp -s)")
+    extra_args: list[str] = Field(default_factory=list, description="the engine's own options, appended as given")
+    env: dict[str, str] = Field(default_factory=dict, description="variables set for the server's processes")
+    ready_timeout_s: float = Field(default=600, gt=0, description="how long the server may take to become ready")
 
     @field_validator("extra_args")
     @classmethod
@@ -45,14 +117,10 @@ class EngineConfig(BaseModel):
         """Refuse extra arguments that set what specbook sets (the engine's `reserved_options`): the server
         would listen or answer where specbook does not look, and fail as "not ready" minutes later."""
         engine = info.data.get("engine")
-        if not isinstance(engine, str):
+        adapter = _registered(engine) if isinstance(engine, str) else None
+        if adapter is None:  # an unknown engine is refused where it is launched, naming it
             return args
-        try:
-            from specbook.engines import get_engine
-
-            reserved = tuple(getattr(get_engine(engine), "reserved_options", ()))
-        except Exception:  # an unknown engine is refused where it is launched, naming it
-            return args
+        reserved = tuple(getattr(adapter, "reserved_options", ()))
         for i, arg in enumerate(args):
             option = str(arg).split("=", 1)[0]
             if option in reserved:
@@ -62,20 +130,50 @@ class EngineConfig(BaseModel):
                     "leave host, port and metrics to specbook")
         return args
 
+    @model_validator(mode="after")
+    def _honoured_by_its_engine(self) -> EngineConfig:
+        """Refuse, naming the field, what the engine cannot honour (a field it would otherwise ignore)."""
+        adapter = _registered(self.engine)
+        refused = adapter.refusals(self) if adapter is not None else []
+        if refused:
+            raise ValueError(f"engine {self.engine}: " + "; ".join(refused))
+        return self
+
     def client_model_name(self) -> str:
         """The name clients send as "model": served_model_name, else the name as declared."""
         return self.served_model_name or self.model
 
 
+def _registered(name: str) -> Engine | None:
+    from specbook.core.errors import UnknownEngineError
+    from specbook.engines.registry import get_engine
+
+    try:
+        return get_engine(name)
+    except UnknownEngineError:
+        return None
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """An engine adapter: everything engine-specific (argv, readiness paths, counters, versions)."""
+    """An engine adapter: what every engine must offer (argv and env, readiness, versions, counters, logs)."""
 
     name: str
 
-    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec: ...
+    def refusals(self, cfg: EngineConfig) -> list[str]:
+        """What of `cfg` this engine cannot honour, one sentence per field naming it; [] when it honours all.
+        EngineConfig's validation raises them at params time."""
+        ...
 
-    def probe_versions(self, base_url: str | None = None) -> dict[str, str]: ...
+    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
+        """How to launch `cfg` and tell it is ready (argv, env, readiness paths): specbook.engines.common's
+        loopback_spec serves every adapter so far."""
+        ...
+
+    def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
+        """Versions in the launching environment (`engine`: the adapter's name, always) and, given a running
+        server's URL, what the server says of itself."""
+        ...
 
     def spec_decode_delta(
         self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
@@ -85,6 +183,12 @@ class Engine(Protocol):
 
     def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
         """What the server's log says of its start (attention backends, KV cache, load times); {} if nothing."""
+        ...
+
+    def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
+        """How a server was set up, on SETUP_ASPECTS (the aspects every engine can be lined up on): from the
+        declared config and what its log said at start (`startup`: startup_facts plus the harness's
+        `processes`). An aspect the engine cannot tell is absent."""
         ...
 
     def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
@@ -101,124 +205,166 @@ class Engine(Protocol):
         specbook.ingest.IngestResult's fields, with the counts as `acceptance` (an Acceptance)."""
         ...
 
-    def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
-        """How a server was set up, on SETUP_ASPECTS (the aspects every engine can be lined up on): from the
-        declared config and what its log said at start (`startup`: startup_facts plus the harness's
-        `processes`). An aspect the engine cannot tell is absent."""
+
+# -- optional capabilities: each a Protocol the adapter satisfies, asked for with registry.capability ---------
+
+@dataclass(frozen=True)
+class TracedPass:
+    """One trace pass as it was sent, for the engine's tracer to read: the requests, the server's whole
+    answers (non-streamed), the log the pass wrote and the folder the server traced into."""
+
+    server_name: str
+    base_url: str
+    trace_dir: Path
+    log_text: str
+    responses: list[dict[str, Any]]
+    requests: Sequence[ChatRequest]
+
+
+@runtime_checkable
+class ProposalTracer(Protocol):
+    """How an engine's server is launched with its draft proposals traced, and how a pass is read back."""
+
+    extra_body: Mapping[str, Any]  # added to each request of the pass (e.g. asking for the token ids)
+
+    def traced_config(self, cfg: EngineConfig, folder: Path) -> EngineConfig:
+        """`cfg` with tracing on into `folder` (the same server otherwise)."""
+        ...
+
+    def read(self, traced: TracedPass) -> TraceReading:
+        """The pass's proposal records and requests; TraceError saying why where this build cannot be traced."""
         ...
 
 
-def facts_of_log(path: str | Path, parse: Callable[[Iterable[str]], dict[str, Any]]) -> dict[str, Any]:
-    """What a start-up facts parser reads from a log file; {} when it does not exist (a server that never
-    started)."""
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return parse(fh)
+@runtime_checkable
+class TracesProposals(Protocol):
+    proposal_tracer: ProposalTracer
 
 
-class SetupFact(NamedTuple):
-    """One aspect of a server's set-up: `value` is what two engines are compared on, `detail` how this engine
-    got there (its flags, what its log said)."""
+@runtime_checkable
+class MeasuredSplit(Protocol):
+    """Mean ms per decode step of a profiled window and its parts (specbook.measure.costsplit.PARTS names)."""
 
-    value: str
-    detail: str = ""
-
-
-# What a cross-engine report lines up side by side; a differing value is an asymmetry of the comparison.
-SETUP_ASPECTS = ("compute threads", "server processes", "concurrent sequences", "context per sequence", "weights",
-                 "graphs / compilation", "speculation", "draft tokens per step")
-
-
-def speculation_facts(spec: Mapping[str, Any] | None, *, ngram_lookup: str, draft_detail: str,
-                      k_detail: str) -> dict[str, SetupFact]:
-    """The speculation aspects of a vLLM-style speculative_config, with the engine's own wording."""
-    if not spec:
-        return {"speculation": SetupFact("off")}
-    method = spec.get("method") or ("draft_model" if spec.get("model") else "?")
-    k = str(spec.get("num_speculative_tokens", "?"))
-    if method == "ngram":
-        what = SetupFact(f"ngram match length {ngram_lookup}", "draft from the request's own tokens")
-    elif method == "draft_model":
-        what = SetupFact(f"draft model {Path(str(spec.get('model'))).name}", draft_detail)
-    else:
-        what = SetupFact(str(method))
-    return {"speculation": what, "draft tokens per step": SetupFact(k, k_detail)}
+    @property
+    def source(self) -> str: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def step_ms(self) -> float: ...
+    @property
+    def parts_ms(self) -> dict[str, float]: ...
+    @property
+    def tokens_per_step(self) -> float: ...
+    @property
+    def note(self) -> str: ...
 
 
-LOOPBACK = "127.0.0.1"  # every server specbook launches listens on this machine only
+@runtime_checkable
+class StepProfiler(Protocol):
+    """How an engine tells what its decode step costs, part by part, over one measurement window."""
+
+    profiles_whole_server: bool  # instrumented for its whole life: no unprofiled send on it to compare with
+    flush_wait_s: float  # how long after the window's last response the engine's report is complete
+
+    def profiled_config(self, cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
+        """`cfg` with the instrument installed (writing into `trace_dir` where it writes files)."""
+        ...
+
+    def recording(self, trace_dir: Path) -> AbstractContextManager[None]:
+        """The instrument on for the window inside the block (a no-op where it is on for the server's life)."""
+        ...
+
+    def split(self, cfg: EngineConfig, log: LogRange, trace_dir: Path) -> MeasuredSplit:
+        """The window's decode steps, split, from what the instrument wrote (its log range, its trace_dir)."""
+        ...
 
 
-def loopback_spec(engine: Engine, cfg: EngineConfig, *, name: str, log_path: Path, port: int, argv: list[str],
-                  env: dict[str, str], unset_env: list[str] | None = None) -> ServerSpec:
-    """The ServerSpec every adapter builds: its argv and env, served on loopback, ready by its paths
-    (the adapter's `health_path` / `models_path`, the OpenAI-compatible ones where it names none)."""
-    from specbook.serve.server import ServerSpec
-
-    return ServerSpec(
-        name=name, argv=argv, env=env, unset_env=unset_env or [], host=LOOPBACK, port=port,
-        health_path=getattr(engine, "health_path", "/health"), models_path=getattr(engine, "models_path", "/v1/models"),
-        ready_timeout_s=cfg.ready_timeout_s,
-        log_path=log_path, model_name=cfg.client_model_name(),
-    )
+@runtime_checkable
+class ProfilesSteps(Protocol):
+    profiler: StepProfiler
 
 
-def server_json_field(base_url: str, path: str, field: str) -> str:
-    """A field of a JSON document the server serves (GET base_url/path), or why it could not be read."""
-    import httpx
+@runtime_checkable
+class SetsLogStatsInterval(Protocol):
+    """An engine whose log reports at intervals (not per request), and whose interval can be set."""
 
-    try:
-        resp = httpx.get(f"{base_url.rstrip('/')}{path}", timeout=5.0, trust_env=False)
-        resp.raise_for_status()
-        return str(resp.json().get(field))
-    except (httpx.HTTPError, ValueError) as exc:
-        return f"unavailable ({type(exc).__name__})"
+    def with_log_stats_interval(self, cfg: EngineConfig, seconds: float) -> EngineConfig:
+        """`cfg` logging its statistics every `seconds` (what cfg itself sets wins)."""
+        ...
 
 
-def is_embedded_name(model: str) -> bool:
-    """True for a name `specbook models prepare` makes (specbook.models.EMBEDDED_MODELS)."""
-    from specbook.models import EMBEDDED_MODELS
-
-    return model in EMBEDDED_MODELS
-
-
-def resolve_model(model: str) -> str:
-    """An existing path as is; an embedded name -> its prepared folder (ModelNotPreparedError if not); else a hub id."""
-    if Path(model).expanduser().exists():
-        return str(Path(model).expanduser())
-    if is_embedded_name(model):
-        from specbook.models import model_path
-
-        return str(model_path(model))
-    return model
+@runtime_checkable
+class UpgradesLogFrames(Protocol):
+    def upgrade_log_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A frame of log_intervals records saved by an older specbook, in the columns log_intervals gives
+        now; any other frame (one it did not write, or already current) returned as it is."""
+        ...
 
 
-def dist_version(*dists: str) -> tuple[str, str] | None:
-    """(distribution name, version) of the first installed of `dists`, without importing it."""
-    for dist in dists:
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+@runtime_checkable
+class SummarisesRequestLogs(Protocol):
+    """An engine whose log prints draft statistics per request (its log_intervals rows are requests)."""
+
+    def request_log_figures(self, records: pd.DataFrame) -> dict[str, float | int | None]:
+        """The log's own figures over these log_intervals rows, kept raw beside the counters: log_requests,
+        log_mean_len (the AL it prints), log_accepted_tokens, log_draft_tokens."""
+        ...
 
 
-def torch_cuda_version() -> str | None:
-    """torch.version.cuda read from torch/version.py, so probing does not import torch (seconds)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    version_py = Path(next(iter(spec.submodule_search_locations))) / "version.py"
-    try:
-        tree = ast.parse(version_py.read_text())
-    except (OSError, SyntaxError):
-        return None
-    for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        )
-        if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
-            value = ast.literal_eval(node.value)
-            return str(value) if value is not None else None
-    return None
+class DraftCounts(NamedTuple):
+    """Draft tokens and accepted ones as an engine reports them for one request; None where it does not."""
+
+    drafted: int | None = None
+    accepted: int | None = None
+
+
+@runtime_checkable
+class ReportsResponseDrafts(Protocol):
+    def response_draft_counts(self, body: Mapping[str, Any]) -> DraftCounts:
+        """The draft counts a non-streamed response's body carries (llama.cpp: its `timings`)."""
+        ...
+
+
+@runtime_checkable
+class DerivesWeights(Protocol):
+    """An engine that serves the declared weights converted to a format of its own."""
+
+    def weights_proof(self, model: str) -> dict[str, Any]:
+        """Whether the weights it serves for `model` (and how they were derived) are the declared ones."""
+        ...
+
+
+@runtime_checkable
+class DescribesBuild(Protocol):
+    def describe_build(self, versions: Mapping[str, str]) -> str | None:
+        """The build a server ran, in words, from its recorded versions; None where they say nothing."""
+        ...
+
+
+@runtime_checkable
+class BenchReader(Protocol):
+    """Outputs of the engine's own benchmark client, read as `specbook ingest` records."""
+
+    def reads_folder(self, path: Path) -> bool:
+        """Whether `path` is an output folder of the benchmark client."""
+        ...
+
+    def detects(self, head: str) -> bool:
+        """Whether a file whose first bytes are `head` is a result file of the benchmark client."""
+        ...
+
+    def read(self, path: Path) -> list[dict[str, Any]]:
+        """One JSON-ready record per benchmark run the file or folder holds (IngestError naming the file)."""
+        ...
+
+
+@runtime_checkable
+class ReadsBenchOutputs(Protocol):
+    bench_reader: BenchReader
+
+
+# Every optional capability, for the registry's listing and the adapters' tests.
+CAPABILITIES: tuple[type, ...] = (
+    TracesProposals, ProfilesSteps, SetsLogStatsInterval, UpgradesLogFrames, SummarisesRequestLogs,
+    ReportsResponseDrafts, DerivesWeights, DescribesBuild, ReadsBenchOutputs,
+)

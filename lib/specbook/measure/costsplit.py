@@ -17,11 +17,14 @@ Where each figure comes from (`source`):
   from the host work around it (`target_and_rest`).
 - "derived": no split from the engine; the target forward is taken as the spec-off lane's cost per
   token and the rest of the spec-on step is `spec_overhead` (`derived_split`).
+
+The engine's profiler is an optional capability of its adapter (specbook.engines.base.StepProfiler: its
+launch config, the instrument switched on around the window, the window's split); the profiled send is the
+one measurement window (harness.Server.window).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Sequence
@@ -30,12 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.errors import EngineError
+from specbook.engines import require
+from specbook.engines.base import ProfilesSteps, StepProfiler
 from specbook.run import resume
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from specbook.engines.base import EngineConfig
+    from specbook.engines.base import Engine, EngineConfig
     from specbook.serve.client import ChatRequest
     from specbook.store.runstore import RunContext
 
@@ -105,12 +110,9 @@ def derived_split(engine: str, lane: str, *, off_ms_per_token: float, on_ms_per_
                      note=f"{why}; {note}" if note else why)
 
 
-# engine name -> its module with profiled_config(cfg, trace_dir) -> EngineConfig and
-# measure(server, requests, trace_dir) -> (split with source/steps/step_ms/parts_ms/tokens_per_step/note, wall_s)
-_PROFILERS = {
-    "vllm": "specbook.engines.vllm.profile",
-    "llamacpp": "specbook.engines.llamacpp.perf",
-}
+def profiler_of(engine: str | Engine) -> StepProfiler:
+    """The engine's step profiler; EngineError naming the engine (and those that have one) where it has none."""
+    return require(engine, ProfilesSteps, "profiler", EngineError).profiler
 
 
 def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run: RunContext, *, name: str,
@@ -125,10 +127,7 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
     """
     from specbook.measure.harness import serve
 
-    module_name = _PROFILERS.get(server_cfg.engine)
-    if module_name is None:
-        raise EngineError(f"profiled pass: no profiler for engine {server_cfg.engine!r} (known: {sorted(_PROFILERS)})")
-    profiler = importlib.import_module(module_name)
+    profiler = profiler_of(server_cfg.engine)
     trace_dir = Path(run.run_dir) / PROFILES_DIR / name
     resume.set_aside_folder(trace_dir)  # a resumed run: a cut attempt's profiler traces are never read as these
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +137,11 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
         t0 = time.monotonic()
         server.send(requests)
         unprofiled = time.monotonic() - t0
-        split, profiled = profiler.measure(server, requests, trace_dir)
-    overhead = math.nan if profiler.PROFILES_WHOLE_SERVER or unprofiled <= 0 else profiled / unprofiled
+        with profiler.recording(trace_dir):
+            window = server.window(lambda: server.send(requests), flush_wait_s=profiler.flush_wait_s)
+        split = profiler.split(cfg, window.log, trace_dir)
+        profiled = window.wall_s
+    overhead = math.nan if profiler.profiles_whole_server or unprofiled <= 0 else profiled / unprofiled
     return CostSplit(engine_label or server_cfg.engine, lane, split.source, split.steps, split.step_ms,
                      split.parts_ms, split.tokens_per_step, overhead=overhead, note=split.note)
 

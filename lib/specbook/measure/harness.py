@@ -5,11 +5,13 @@
 
 `serve` launches the engine's server (the adapter builds argv and env), waits until it is ready,
 probes its versions, and records it in the run's servers.jsonl in every case: a clean exit, a failure
-(with the error) and an interrupt. `measure` takes a /metrics snapshot, sends the requests, waits for
-the last log interval, takes a second snapshot and returns a `Window`: the request records, the wall
-time, the counter delta through the acceptance model and the byte range of the server log written
-meanwhile (which the engine's own parser reads). Experiments say only what they serve and send, and
-save their frames after each unit of work (RunContext.append_frame), so nothing measured is lost.
+(with the error) and an interrupt. `window` is the one measurement window every pass goes through (timed,
+trace, profiled): the server log's end and a /metrics snapshot, the sending, a wait for the engine's last
+report, a second snapshot; it gives the counter delta through the acceptance model and the byte range of
+the server log written meanwhile (which the engine's own parser reads). `measure` is the timed window of
+streamed requests and returns a `Window` (the request records, the wall time, the host's load, both of the
+above). Experiments say only what they serve and send, and save their frames after each unit of work
+(RunContext.append_frame), so nothing measured is lost.
 """
 
 from __future__ import annotations
@@ -17,17 +19,18 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from specbook.core import errors, progress
 from specbook.core.acceptance import Acceptance
 from specbook.core.errors import ClientError, RunError, ServerDiedError, ServerHungError
 from specbook.serve.client import STALLED
+from specbook.serve.logs import LogRange, log_size, read_log_range
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,6 +50,28 @@ if TYPE_CHECKING:
 STALL_TIMEOUT_S = 60.0
 _PROGRESS_POLL_S = 0.5
 DEATH_GRACE_S = 2.0  # how long failed requests wait for a dying server's exit status
+_T = TypeVar("_T")
+
+
+@dataclass
+class Measured(Generic[_T]):
+    """What one measurement window saw, whatever was sent in it: what the sending returned, its wall time,
+    the counters the server accrued (through its engine) and the server log it wrote."""
+
+    result: _T
+    wall_s: float
+    counters: CounterDelta
+    log_path: Path
+    log_start: int  # byte offsets of the server log written during the window
+    log_end: int
+
+    @property
+    def acceptance(self) -> Acceptance:
+        return self.counters.acceptance
+
+    @property
+    def log(self) -> LogRange:
+        return LogRange(self.log_path, self.log_start, self.log_end)
 
 
 @dataclass
@@ -83,6 +108,10 @@ class Window:
     def tok_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else float("nan")
 
+    @property
+    def log(self) -> LogRange:
+        return LogRange(self.log_path, self.log_start, self.log_end)
+
     def log_text(self) -> str:
         """The server log written during the window (engine log lines of these requests)."""
         return read_log_range(self.log_path, self.log_start, self.log_end)
@@ -94,29 +123,12 @@ class Window:
 
 def request_span_s(records: Sequence[RequestRecord], fallback: float) -> float:
     """First request sent to last response ended: the duration tok/s divides by, as `vllm bench serve` does.
-    The client's own set-up and teardown around the requests (0.1-0.3 s, measured against vLLM's client in
-    benchmarks/client_fidelity.py) is not the server's time; `fallback` where no request has a start time."""
+    The client's own set-up and teardown around the requests (benchmarks/client_fidelity.py measures it against
+    vLLM's client) is not the server's time; `fallback` where no request has a start time."""
     timed = [r for r in records if r.started_at > 0]
     if not timed:
         return fallback
     return max(r.started_at + r.wall_s for r in timed) - min(r.started_at for r in timed)
-
-
-def log_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def read_log_range(path: Path, start: int, end: int | None = None) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            data = fh.read(-1 if end is None else max(0, end - start))
-    except OSError:
-        return ""
-    return data.decode("utf-8", errors="replace")
 
 
 class Server:
@@ -256,30 +268,59 @@ class Server:
                 log_path=str(self.log_path), log_tail=self.managed.log_tail(),
             )
 
+    def window(self, send: Callable[[], _T], *, flush_wait_s: float = 0.0) -> Measured[_T]:
+        """The one measurement window: the log's end and a /metrics snapshot, `send()`, `flush_wait_s` for the
+        engine to write what it reports of the requests (its last log interval, its statistics), a second
+        snapshot. What `send` returned, with the window's counters, wall time and log range."""
+        from specbook.serve.metrics import scrape
+
+        log_start = log_size(self.log_path)
+        before = scrape(self.base_url)
+        t0 = time.monotonic()
+        result = send()
+        wall = time.monotonic() - t0
+        if flush_wait_s > 0:
+            time.sleep(flush_wait_s)
+        after = scrape(self.base_url)
+        counters = self.engine.spec_decode_delta(before, after, self.model_name)
+        return Measured(result, wall, counters, self.log_path, log_start, log_size(self.log_path))
+
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,
                 stall_timeout_s: float = STALL_TIMEOUT_S) -> Window:
-        """Snapshot, requests, wait `flush_wait_s` (the engine writes its last log interval), snapshot.
+        """The timed window of streamed requests (`window`): snapshot, requests, wait `flush_wait_s` (the
+        engine writes its last log interval), snapshot; the host's load over the requests is recorded.
 
         A request that receives no token for `stall_timeout_s` fails; a window whose server died or hung
         raises ServerDiedError / ServerHungError naming it, within that bound."""
         from specbook.serve import hostload
         from specbook.serve.client import run_requests_sync
-        from specbook.serve.metrics import scrape
 
-        log_start = log_size(self.log_path)
-        before = scrape(self.base_url)
         own = self.managed.surviving_pids()
-        host_before = hostload.snapshot(own)
-        t0 = time.monotonic()
-        try:
-            records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
-                                        stall_timeout_s=stall_timeout_s, progress=False, desc=self.name)
-        except ClientError as exc:  # every request failed: a dead or hung server is the cause to name
-            self._check_alive(getattr(exc, "records", []), stall_timeout_s)
-            raise
-        wall = request_span_s(records, fallback=time.monotonic() - t0)
-        host_load = hostload.between(host_before, own)
-        self._check_alive(records, stall_timeout_s)
+
+        def send() -> tuple[list[RequestRecord], HostLoad, float]:
+            host_before = hostload.snapshot(own)
+            t0 = time.monotonic()
+            try:
+                records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
+                                            stall_timeout_s=stall_timeout_s, progress=False, desc=self.name)
+            except ClientError as exc:  # every request failed: a dead or hung server is the cause to name
+                self._check_alive(getattr(exc, "records", []), stall_timeout_s)
+                raise
+            wall = request_span_s(records, fallback=time.monotonic() - t0)
+            host_load = hostload.between(host_before, own)
+            self._check_alive(records, stall_timeout_s)
+            self._note_window(records, wall, host_load)
+            return records, host_load, wall
+
+        measured = self.window(send, flush_wait_s=flush_wait_s)
+        records, host_load, wall = measured.result
+        return Window(self.name, records, wall, measured.counters, self.log_path, measured.log_start,
+                      measured.log_end, self.engine, host_load)
+
+    def _note_window(self, records: Sequence[RequestRecord], wall: float, host_load: HostLoad) -> None:
+        """The window's host load into the run (data/host_load.jsonl) and its requests onto the console."""
+        from specbook.serve import hostload
+
         if self.run is not None:
             from specbook.core.diskwrite import append_line
 
@@ -289,12 +330,6 @@ class Server:
                           f"{host_load.other_cores:.2f} cores ({', '.join(host_load.top) or 'not seen'})")
         progress.note(f"{self.name}: " + progress.requests_line(
             sum(1 for r in records if not r.error), len(records), sum(r.completion_tokens or 0 for r in records), wall))
-        if flush_wait_s > 0:
-            time.sleep(flush_wait_s)
-        after = scrape(self.base_url)
-        counters = self.engine.spec_decode_delta(before, after, self.model_name)
-        return Window(self.name, records, wall, counters, self.log_path, log_start, log_size(self.log_path),
-                      self.engine, host_load)
 
 
 class _Progress:
@@ -327,9 +362,8 @@ def start_ahead(cfg: EngineConfig, run: RunContext, name: str) -> None:
     of the server launched next (the local executor's `starts_together: 2`).
 
     A vLLM-CPU start is mostly imports in one process, then in the engine core it spawns: one core busy of two,
-    about 30 s. Two starts side by side take about as long as one (measured: 36.8 and 39.4 s; 29-41 s alone).
-    No measured window overlaps a start: `serve` yields its server only once every server started ahead is ready,
-    and a ready idle vLLM-CPU server uses about 1% of a core (1.35%, measured over 20 s)."""
+    so two starts side by side take about as long as one. No measured window overlaps a start: `serve` yields its
+    server only once every server started ahead is ready, and a ready idle server uses next to no CPU."""
     from specbook.core.errors import SpecbookError
     from specbook.engines import launch
 

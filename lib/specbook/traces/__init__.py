@@ -1,14 +1,21 @@
 """Proposal traces: what each engine drafted, per request per step, from a separate untimed trace pass.
 
-    records   the record schema and the plugin folder reader
+    records   the record schema, the plugin folder reader, a pass's requests (RequestTrace)
     derive    accepted count per step, matched against the emitted tokens; agreement with the counters
-    tracepass traced_config + trace_pass(server, requests, trace_dir) -> TraceSet
     replay    the engine-independent reference: the draft's own greedy proposals (transformers)
     compare   traces against the reference, two engines at matched anchors, systematic mismatches
+
+The pass itself (a server launched with tracing on, its TraceSet) is specbook.measure.tracepass: it runs
+through an engine, a layer above this one.
 """
 
-from specbook.measure.tracepass import RequestTrace, TraceSet, trace_pass, traced_config
-from specbook.traces.records import ProposalRecord, TraceError, read_trace_dir, records_frame
+from specbook.traces.records import (
+    ProposalRecord,
+    RequestTrace,
+    TraceError,
+    TraceReading,
+    read_trace_dir,
+    records_frame,
+)
 
-__all__ = ["ProposalRecord", "RequestTrace", "TraceError", "TraceSet", "read_trace_dir", "records_frame",
-           "trace_pass", "traced_config"]
+__all__ = ["ProposalRecord", "RequestTrace", "TraceError", "TraceReading", "read_trace_dir", "records_frame"]

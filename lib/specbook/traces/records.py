@@ -15,6 +15,7 @@ them from debug log lines (engines/llamacpp/traceparse.py); `read_trace_dir` rea
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,31 @@ class ProposalRecord(BaseModel):
     proposed: tuple[int, ...]
     prompt_len: int | None = None
     engine_accepted: int | None = None
+
+
+@dataclass
+class RequestTrace:
+    """One request of a trace pass: its ids (prompt and emitted) and the engine's id for it. `eog_stop`: it
+    stopped on an end-of-generation token at which the engine's verifier ends a draft step (llama.cpp's
+    rule, specbook.traces.derive); the engine's reader sets it."""
+
+    prompt_id: str
+    request_id: str
+    prompt_ids: list[int] | None
+    prompt_len: int
+    output_ids: list[int]
+    finish_reason: str | None = None
+    eog_stop: bool = False
+
+
+@dataclass
+class TraceReading:
+    """What an engine's proposal tracer read of one pass: the proposal records, each request's ids, and what
+    a reader of the traces must know of how they were read (`notes`)."""
+
+    records: list[ProposalRecord]
+    requests: list[RequestTrace]
+    notes: list[str] = field(default_factory=list)
 
 
 def read_trace_file(path: str | Path) -> list[ProposalRecord]:

@@ -22,7 +22,7 @@ def load_draft(model: str | Path, dtype: str = "bfloat16") -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from specbook.engines.base import resolve_model
+    from specbook.models import resolve_model
 
     # the report is the replay's reader: no "Loading weights" bar written into its cell's output
     was_on = hf_logging.is_progress_bar_enabled()

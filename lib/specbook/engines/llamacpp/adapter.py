@@ -12,8 +12,11 @@ EngineConfig maps onto llama-server as follows (matched work with the vLLM adapt
                       {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n}
                         -> --spec-type ngram-simple --spec-ngram-simple-size-n n --spec-ngram-simple-size-m k
                            (one lookup size n; vLLM tries n from prompt_lookup_max down to prompt_lookup_min)
-  seed                -s; dtype: only bf16/None (llama.cpp computes in the GGUF's own tensor types)
-  enforce_eager       has no llama.cpp counterpart and is ignored
+  seed                -s
+Refused at params time, naming the field (`LlamaCppEngine.refusals`): a dtype other than bf16 (llama.cpp
+computes in the GGUF's own tensor types), attention_backend (its flash-attention switch is `-fa` in extra_args),
+enforce_eager false (llama-server compiles and captures nothing on request; true, the default, is what it does
+either way), a speculative method or key it has no mapping for.
 Always: --metrics (spec-decode counters), --no-webui. LLAMA_ARG_* variables of the parent are unset:
 llama-server reads them as flags, and a stray one would change the run unseen.
 """
@@ -27,16 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from specbook.core.digest import sha256_bytes, sha256_file
 from specbook.core.errors import EngineError
-from specbook.engines import register_engine
-from specbook.engines.base import (
-    LOOPBACK,
-    EngineConfig,
-    SetupFact,
-    dist_version,
-    loopback_spec,
-    server_json_field,
-    speculation_facts,
-)
+from specbook.core.versions import dist_version
+from specbook.engines.base import DraftCounts, EngineConfig, SetupFact
+from specbook.engines.common import LOOPBACK, loopback_spec, server_json_field, speculation_facts
+from specbook.engines.llamacpp.perf import LogStatisticsProfiler
+from specbook.engines.llamacpp.tracer import LlamaCppTracer
+from specbook.engines.registry import register_engine
 from specbook.serve.server import ServerSpec
 
 if TYPE_CHECKING:
@@ -152,25 +151,38 @@ def resolve_gguf(model: str) -> Path:
     return derive_gguf(model)
 
 
-def speculative_args(spec: dict[str, Any] | None) -> list[str]:
-    """llama-server flags for a vLLM-style speculative_config (see the module docstring)."""
+def _method(spec: Mapping[str, Any]) -> str | None:
+    return spec.get("method") or ("draft_model" if spec.get("model") else None)
+
+
+def speculation_refusals(spec: Mapping[str, Any] | None) -> list[str]:
+    """What of a speculative_config llama-server cannot honour, each naming its key; [] for None."""
     if not spec:
         return []
-    method = spec.get("method") or ("draft_model" if spec.get("model") else None)
+    refused = [f"speculative_config.{key} has no llama.cpp mapping (it maps {', '.join(SPEC_KEYS)})"
+               for key in spec if key not in SPEC_KEYS]
+    method = _method(spec)
     k = spec.get("num_speculative_tokens")
-    if not isinstance(k, int) or k < 1:
-        raise EngineError(f"speculative_config.num_speculative_tokens must be a positive int, got {k!r}")
-    builder = SPEC_METHODS.get(str(method))
-    if builder is None:
-        raise EngineError(
-            f"speculative_config.method {method!r} has no llama.cpp mapping; known: {sorted(SPEC_METHODS)}"
-        )
-    return builder(spec, k)
+    if str(method) not in SPEC_METHODS:
+        refused.append(f"speculative_config.method {method!r} has no llama.cpp mapping; known: {sorted(SPEC_METHODS)}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        refused.append(f"speculative_config.num_speculative_tokens must be a positive int, got {k!r}")
+    if method == "draft_model" and not isinstance(spec.get("model"), str):
+        refused.append("speculative_config.model (the draft) is required for method draft_model")
+    return refused
+
+
+def speculative_args(spec: dict[str, Any] | None) -> list[str]:
+    """llama-server flags for a speculative_config (see the module docstring)."""
+    if not spec:
+        return []
+    refused = speculation_refusals(spec)
+    if refused:
+        raise EngineError("; ".join(refused))
+    return SPEC_METHODS[str(_method(spec))](spec, spec["num_speculative_tokens"])
 
 
 def _draft_model_args(spec: dict[str, Any], k: int) -> list[str]:
-    if not isinstance(spec.get("model"), str):
-        raise EngineError("speculative_config.model (the draft) is required for method draft_model")
     draft = resolve_gguf(spec["model"])
     return ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0"]
 
@@ -189,8 +201,24 @@ def _ngram_args(spec: dict[str, Any], k: int) -> list[str]:
     ]  # fmt: skip
 
 
-# Registry: vLLM speculative method -> llama-server flags.
+# Registry: speculative method -> llama-server flags; the speculative_config keys they read.
 SPEC_METHODS = {"draft_model": _draft_model_args, "ngram": _ngram_args}
+SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+_ATTENTION_HINT = "its flash-attention switch is `-fa on|off|auto` in extra_args"
+
+
+def refusals(cfg: EngineConfig) -> list[str]:
+    """What of `cfg` llama-server cannot honour, each naming its field (see the module docstring)."""
+    refused = []
+    if cfg.dtype is not None and cfg.dtype.lower() not in _BF16_NAMES:
+        refused.append(f"dtype {cfg.dtype!r} cannot be applied (llama.cpp computes in the GGUF's types, bf16 here)")
+    if cfg.attention_backend is not None:
+        refused.append(f"attention_backend {cfg.attention_backend!r} has no llama-server counterpart "
+                       f"({_ATTENTION_HINT})")
+    if not cfg.enforce_eager:
+        refused.append("enforce_eager false has no llama-server counterpart: it compiles and captures nothing on "
+                       "request (its own ggml graphs run either way); leave enforce_eager at true")
+    return refused + speculation_refusals(cfg.speculative_config)
 
 
 @register_engine("llamacpp")
@@ -201,17 +229,18 @@ class LlamaCppEngine:
     metrics_prefix = "llamacpp:"
     health_path = "/health"
     models_path = "/v1/models"
+    version_keys = (DIST,)  # the servers table's columns
+    # optional capabilities (specbook.engines.base)
+    proposal_tracer = LlamaCppTracer()
+    profiler = LogStatisticsProfiler()
+
+    def refusals(self, cfg: EngineConfig) -> list[str]:
+        return refusals(cfg)
 
     def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
-        if cfg.dtype is not None and cfg.dtype.lower() not in _BF16_NAMES:
-            raise EngineError(
-                f"engine llamacpp: dtype {cfg.dtype!r} cannot be applied (llama.cpp computes in the GGUF's types, bf16 here)"
-            )
-        if cfg.attention_backend is not None:
-            raise EngineError(
-                f"engine llamacpp: attention_backend {cfg.attention_backend!r} has no llama-server counterpart "
-                "(its flash-attention switch is `-fa on|off|auto` in extra_args)"
-            )
+        refused = refusals(cfg)  # refused at params time already; a config built around validation too
+        if refused:
+            raise EngineError(f"engine llamacpp: {'; '.join(refused)}")
         slots = cfg.max_num_seqs or 1
         argv = [str(binary_path()), "-m", str(resolve_gguf(cfg.model))]
         argv += ["--host", host, "--port", str(port), "--alias", cfg.client_model_name()]
@@ -316,3 +345,26 @@ class LlamaCppEngine:
         from specbook.engines.llamacpp.logparse import ingest_summary
 
         return ingest_summary(path)
+
+    def request_log_figures(self, records: pd.DataFrame) -> dict[str, float | int | None]:
+        """The draft statistics lines of these requests (log_intervals rows), summed; the printed AL averaged."""
+        printed = records["printed_al"]
+        return {
+            "log_requests": len(records),
+            "log_mean_len": float(printed.mean()) if len(records) and printed.notna().any() else None,
+            "log_accepted_tokens": float(records["accepted_tokens"].sum()) if len(records) else None,
+            "log_draft_tokens": float(records["draft_tokens"].sum()) if len(records) else None,
+        }
+
+    def response_draft_counts(self, body: Mapping[str, Any]) -> DraftCounts:
+        """A non-streamed response's `timings`: draft_n drafted, draft_n_accepted accepted."""
+        timings = body.get("timings") or {}
+        return DraftCounts(timings.get("draft_n"), timings.get("draft_n_accepted"))
+
+    def weights_proof(self, model: str) -> dict[str, Any]:
+        """The derived GGUF's proof of weights identical to the safetensors (a GGUF given directly: unproven)."""
+        if Path(model).suffix == ".gguf":
+            return {"identical": None, "note": "a GGUF given directly: identity with vLLM's weights not proven"}
+        from specbook.models.weights import derive_gguf, weights_proof
+
+        return weights_proof(derive_gguf(model))

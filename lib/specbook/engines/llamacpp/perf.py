@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from specbook.core.errors import EngineError
 from specbook.engines.base import EngineConfig
+from specbook.serve.logs import LogRange
 
 VERBOSITY_ARGS = ["-lv", "4"]  # the statistics line is printed at debug verbosity only
 # The debug verbosity is on for the server's whole life: no unprofiled pass on the same server to
@@ -140,27 +141,35 @@ def profiled_config(cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
     return cfg.model_copy(update={"extra_args": [*cfg.extra_args, *VERBOSITY_ARGS]})
 
 
-def measure(server: Any, requests: Any, trace_dir: Path) -> tuple[LlamaStepSplit, float]:
-    """Send `requests` and reduce the log lines they produced; their wall time at debug verbosity."""
-    import time
-
-    from specbook.measure.harness import log_size, read_log_range
-
-    del trace_dir
-    start = log_size(server.log_path)
-    t0 = time.monotonic()
-    server.send(requests)
-    wall = time.monotonic() - t0
-    time.sleep(0.5)  # the statistics line follows the response by a few ms
-    before = read_log_range(server.log_path, 0, start).splitlines()
-    lines = read_log_range(server.log_path, start).splitlines()
-    where = f"log {server.log_path}"
-    if server.cfg.speculative_config is None:
-        return off_split(eval_periods(lines), where), wall
+def split(cfg: EngineConfig, log: LogRange) -> LlamaStepSplit:
+    """The requests of a measurement window, from the log lines it wrote (`log`)."""
+    lines = log.text().splitlines()
+    where = f"log {log.path}"
+    if cfg.speculative_config is None:
+        return off_split(eval_periods(lines), where)
     # The statistics are running totals since the server started: difference them over the whole log,
-    # then keep the requests sent here.
+    # then keep the requests of the window.
+    before = log.text_before().splitlines()
     earlier = len(parse_requests(before))
-    return step_split(parse_requests([*before, *lines])[earlier:], where), wall
+    return step_split(parse_requests([*before, *lines])[earlier:], where)
+
+
+class LogStatisticsProfiler:
+    """The cost-split capability of the llama.cpp adapter (specbook.engines.base.StepProfiler)."""
+
+    profiles_whole_server = PROFILES_WHOLE_SERVER
+    flush_wait_s = 0.5  # the statistics line follows the response by a few ms
+
+    def profiled_config(self, cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
+        return profiled_config(cfg, trace_dir)
+
+    def recording(self, trace_dir: Path) -> AbstractContextManager[None]:
+        del trace_dir  # on for the server's whole life
+        return nullcontext()
+
+    def split(self, cfg: EngineConfig, log: LogRange, trace_dir: Path) -> LlamaStepSplit:
+        del trace_dir
+        return split(cfg, log)
 
 
 def eval_ms_per_token(timings: Iterable[dict]) -> float:

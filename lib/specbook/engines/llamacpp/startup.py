@@ -34,6 +34,6 @@ def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
 
 def log_startup_facts(path: str | Path) -> dict[str, Any]:
     """startup_facts of a log file; {} when it does not exist (a server that never started)."""
-    from specbook.engines.base import facts_of_log
+    from specbook.engines.common import facts_of_log
 
     return facts_of_log(path, startup_facts)

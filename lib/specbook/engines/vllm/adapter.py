@@ -9,18 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.errors import EngineError
-from specbook.engines import register_engine
-from specbook.engines.base import (
-    LOOPBACK,
-    EngineConfig,
-    SetupFact,
-    dist_version,
-    loopback_spec,
-    resolve_model,
-    server_json_field,
-    speculation_facts,
-    torch_cuda_version,
-)
+from specbook.core.versions import dist_version, torch_cuda_version
+from specbook.engines.base import EngineConfig, SetupFact
+from specbook.engines.common import LOOPBACK, loopback_spec, server_json_field, speculation_facts
+from specbook.engines.registry import register_engine
+from specbook.engines.vllm.benchingest import VllmBenchReader
+from specbook.engines.vllm.profile import StepTimerProfiler
+from specbook.engines.vllm.tracer import VllmTracer
+from specbook.models.resolve import resolve_model
 from specbook.serve.server import ServerSpec
 
 if TYPE_CHECKING:
@@ -33,6 +29,7 @@ if TYPE_CHECKING:
 CLI_MODULE = "specbook.engines.vllm.cli"
 DEFAULT_LOG_STATS_INTERVAL_S = "1"  # many intervals for steady-state analysis (vLLM's default is 10)
 CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
+LOG_STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
 
 
 def _dtype_name(dtype: str | None) -> str:
@@ -45,12 +42,19 @@ def is_cpu_build() -> bool:
     return found is not None and (found[0] == "vllm-cpu" or "cpu" in found[1])
 
 
+def _speculation_refusal(spec: dict[str, Any] | None) -> str | None:
+    if spec is not None and "method" not in spec and "model" not in spec:
+        return "speculative_config needs 'method' (ngram, draft_model, eagle, ...) or 'model'"
+    return None
+
+
 def _speculative_config(cfg: EngineConfig) -> dict | None:
     if cfg.speculative_config is None:
         return None
     spec = dict(cfg.speculative_config)
-    if "method" not in spec and "model" not in spec:
-        raise EngineError("speculative_config needs 'method' (ngram, draft_model, eagle, ...) or 'model'")
+    refused = _speculation_refusal(spec)
+    if refused:
+        raise EngineError(refused)
     if isinstance(spec.get("model"), str):
         spec["model"] = resolve_model(spec["model"])
     return spec
@@ -65,6 +69,16 @@ class VllmEngine:
     metrics_prefix = "vllm:"
     health_path = "/health"
     models_path = "/v1/models"
+    version_keys = ("vllm", "torch", "cuda")  # the servers table's columns
+    # optional capabilities (specbook.engines.base)
+    proposal_tracer = VllmTracer()
+    profiler = StepTimerProfiler()
+    bench_reader = VllmBenchReader()
+
+    def refusals(self, cfg: EngineConfig) -> list[str]:
+        """vLLM honours every field (they are its own words); a speculative_config it cannot read is refused."""
+        refused = _speculation_refusal(cfg.speculative_config)
+        return [refused] if refused else []
 
     def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
         argv = [sys.executable, "-m", CLI_MODULE, "serve", resolve_model(cfg.model)]
@@ -91,11 +105,15 @@ class VllmEngine:
         import os
 
         parent = dict(os.environ) if parent is None else parent
-        env = {"VLLM_LOG_STATS_INTERVAL": DEFAULT_LOG_STATS_INTERVAL_S, "VLLM_NO_USAGE_STATS": "1"}
+        env = {LOG_STATS_INTERVAL_ENV: DEFAULT_LOG_STATS_INTERVAL_S, "VLLM_NO_USAGE_STATS": "1"}
         if is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in parent:
             env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KVCACHE_GIB
         env.update(cfg.env)
         return env
+
+    def with_log_stats_interval(self, cfg: EngineConfig, seconds: float) -> EngineConfig:
+        """`cfg` with $VLLM_LOG_STATS_INTERVAL set to `seconds` (an interval cfg.env sets itself wins)."""
+        return cfg.model_copy(update={"env": {LOG_STATS_INTERVAL_ENV: f"{seconds:g}", **cfg.env}})
 
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
         argv = self.build_argv(cfg, host=LOOPBACK, port=port)
@@ -175,3 +193,9 @@ class VllmEngine:
         from specbook.engines.vllm.logparse import ingest_summary
 
         return ingest_summary(path)
+
+    def upgrade_log_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """An intervals frame saved before the acceptance model, in today's columns (others as they are)."""
+        from specbook.engines.vllm.logparse import upgrade_intervals_frame
+
+        return upgrade_intervals_frame(frame)

@@ -3,8 +3,9 @@ the draft and the sampling of every engine step timed where they run, CUDA graph
 
 Launch: `$SPECBOOK_STEP_TIMING_DIR=DIR` (the plugin wraps the model runners in every vLLM process at start;
 the server keeps its own config: graphs, compilation, the runner vLLM picks). The timer measures only while
-DIR/on exists, so the same server is timed without it (the overhead) and with it: `measure` creates the
-switch, sends the requests, removes it and reads the lines the engine process wrote (vllm-steps-<pid>.jsonl).
+DIR/on exists, so the same server is timed without it (the overhead) and with it: `recording` creates the
+switch for the measurement window and removes it after; `split` reads the lines the engine process wrote
+(vllm-steps-<pid>.jsonl).
 
 Reduction: a decode step is one with no new request and at most 1 + k tokens scheduled per request (k the
 lane's draft tokens). Its period runs from its start to the next step's start, counted only when the next one
@@ -23,14 +24,18 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specbook.core.errors import EngineError
 from specbook.engines.base import EngineConfig
 from specbook.engines.vllm.trace_plugin import STEP_TIMING_DIR_ENV, STEP_TIMING_SWITCH
+
+if TYPE_CHECKING:
+    from specbook.serve.logs import LogRange
 
 PARTS = ("target_forward", "draft", "sampling")
 STEPS_GLOB = "vllm-steps-*.jsonl"
@@ -148,20 +153,40 @@ def _settled_lines(trace_dir: Path, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
         time.sleep(0.2)
 
 
-def measure(server: Any, requests: Any, trace_dir: Path) -> tuple[StepSplit, float]:
-    """Send `requests` with the step timer on; its decode steps reduced, and the requests' wall time with it on."""
+@contextmanager
+def recording(trace_dir: Path) -> Iterator[None]:
+    """The step timer on for the block (its switch file made, then removed whatever happens)."""
     _switch(trace_dir, True)
     try:
-        t0 = time.monotonic()
-        server.send(requests)
-        wall = time.monotonic() - t0
+        yield
     finally:
         _switch(trace_dir, False)
+
+
+def split(trace_dir: Path) -> StepSplit:
+    """The decode steps timed while the switch was on, reduced, once the engine's writer has written them all."""
     _settled_lines(trace_dir)
     steps = load_steps(trace_dir)
     if not steps:
         status = sorted(Path(trace_dir).glob("vllm-steps-*.status.json"))
-        raise EngineError(f"vLLM profiled pass on {server.name}: no timed step in {trace_dir} "
+        raise EngineError(f"vLLM profiled pass: no timed step in {trace_dir} "
                           + (f"(status: {status[0].read_text()[:400]})" if status
                              else "(no status file either: was the specbook plugin loaded by vLLM?)"))
-    return reduce_steps(steps, source=str(trace_dir)), wall
+    return reduce_steps(steps, source=str(trace_dir))
+
+
+class StepTimerProfiler:
+    """The cost-split capability of the vLLM adapter (specbook.engines.base.StepProfiler)."""
+
+    profiles_whole_server = PROFILES_WHOLE_SERVER
+    flush_wait_s = 0.0  # `split` waits for the writer itself
+
+    def profiled_config(self, cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
+        return profiled_config(cfg, trace_dir)
+
+    def recording(self, trace_dir: Path) -> AbstractContextManager[None]:
+        return recording(trace_dir)
+
+    def split(self, cfg: EngineConfig, log: LogRange, trace_dir: Path) -> StepSplit:
+        del cfg, log  # the step timer writes its own files
+        return split(trace_dir)

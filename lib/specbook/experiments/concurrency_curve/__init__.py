@@ -33,6 +33,7 @@ from specbook.core import secrets
 from specbook.core.acceptance import Acceptance
 from specbook.core.errors import RunError
 from specbook.core.params import ExperimentParams, load_params
+from specbook.engines import with_log_stats_interval
 from specbook.engines.base import EngineConfig
 from specbook.executors import ExecutorParams, placement
 from specbook.experiments.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
@@ -52,7 +53,8 @@ UNITS = resume.register_units("concurrency_curve", resume.Units(
 class CurveMeasurement(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    log_stats_interval_s: float = Field(1.0, gt=0, description="VLLM_LOG_STATS_INTERVAL for launched servers")
+    log_stats_interval_s: float = Field(1.0, gt=0, description="the engine's log-statistics interval for launched "
+                                        "servers (where its log reports at intervals: vLLM)")
     flush_wait_s: float | None = Field(
         None, ge=0, description="wait after a level's last request so its last log interval is written; null: "
         "2.5 x log_stats_interval_s")
@@ -132,8 +134,7 @@ def window_id(run_id: str, level: int) -> str:
 
 def arm_config(arm: Arm, params: ConcurrencyCurveParams) -> EngineConfig:
     cfg = EngineConfig.model_validate(arm.engine)
-    env = {"VLLM_LOG_STATS_INTERVAL": f"{params.measurement.log_stats_interval_s:g}", **cfg.env}
-    return cfg.model_copy(update={"env": env})
+    return with_log_stats_interval(cfg, params.measurement.log_stats_interval_s)
 
 
 def _median(values: list[float]) -> float:

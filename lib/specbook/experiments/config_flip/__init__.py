@@ -321,7 +321,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
     from specbook.core import progress
     from specbook.engines import get_engine
     from specbook.measure import harness
-    from specbook.traces import traced_config
+    from specbook.measure.tracepass import traced_config
 
     done = resume.done_units(ctx, UNITS)
     arms_root = Path(ctx.run_dir) / FLIP_DIRNAME
@@ -434,7 +434,7 @@ def _extra_pass(kind: str, params: ConfigFlipParams, ctx: Any, index: int, label
     """The arm's untimed trace pass or its profiled pass (`kind`), each its own server and unit, after every
     measured arm (tracing and profiling slow a server down: never in the timed one)."""
     from specbook.measure import harness
-    from specbook.traces import trace_pass, traced_config
+    from specbook.measure.tracepass import trace_pass, traced_config
 
     def done_row(kind: str, server_name: str, ready_s: float | None) -> pd.DataFrame:
         return pd.DataFrame([{"arm": label, "kind": kind, "server": server_name, "index": index, "value": value,
@@ -474,7 +474,7 @@ def _extra_pass(kind: str, params: ConfigFlipParams, ctx: Any, index: int, label
 
 def load(ctx: Any) -> FlipData:
     """Read back what collect saved (reuse_data / `specbook render`); frames of older runs are upgraded."""
-    from specbook.engines.vllm.logparse import upgrade_intervals_frame
+    from specbook.engines import upgrade_log_frame
 
     def maybe_frame(name: str) -> pd.DataFrame:
         return ctx.load_frame(name) if ctx.has_frame(name) else pd.DataFrame()
@@ -487,7 +487,7 @@ def load(ctx: Any) -> FlipData:
         flip=ctx.load_json(FLIP_JSON),
         arms=arms,
         requests=ctx.load_frame(REQUESTS_FRAME),
-        intervals=upgrade_intervals_frame(intervals) if len(intervals) else intervals,
+        intervals=upgrade_log_frame(intervals) if len(intervals) else intervals,
         trace_steps=maybe_frame(trace_tables.TRACE_STEPS),
         trace_requests=maybe_frame(trace_tables.TRACE_REQUESTS),
         trace_passes=maybe_frame(trace_tables.TRACE_PASSES),

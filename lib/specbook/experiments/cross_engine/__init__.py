@@ -398,8 +398,10 @@ class CrossData:
 
 
 def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
-    """For every llama.cpp side: the derived GGUFs' proof of identical weights (target and draft)."""
-    from specbook.models.weights import derive_gguf, weights_proof
+    """For every side whose engine serves the weights converted to its own format (DerivesWeights, llama.cpp's
+    GGUF): the proof of identical weights (target and draft)."""
+    from specbook.engines import capability
+    from specbook.engines.base import DerivesWeights
 
     proofs: dict[str, Any] = {}
     models = {params.ours.engine.model, params.oracle.engine.model}
@@ -407,13 +409,11 @@ def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
         draft = (lane.speculative_config or {}).get("model")
         if isinstance(draft, str):
             models.add(draft)
-    if "llamacpp" not in {params.ours.engine.engine, params.oracle.engine.engine}:
-        return proofs
+    deriving = [a for e in sorted({params.ours.engine.engine, params.oracle.engine.engine})
+                if (a := capability(e, DerivesWeights)) is not None]
     for name in sorted(models):
-        if Path(name).suffix == ".gguf":
-            proofs[name] = {"identical": None, "note": "a GGUF given directly: identity with vLLM's weights not proven"}
-            continue
-        proofs[name] = weights_proof(derive_gguf(name))
+        for adapter in deriving:
+            proofs[name] = adapter.weights_proof(name)
     return proofs
 
 
@@ -514,7 +514,7 @@ def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpe
     """The side x lane's untimed trace pass and its profiled pass, each its own server and unit, after its
     timed server (tracing and profiling slow a server down: never in a timed one)."""
     from specbook.measure import costsplit, harness
-    from specbook.traces import trace_pass, traced_config
+    from specbook.measure.tracepass import trace_pass, traced_config
 
     side = params.side(which)
     cfg = lane_config(side, lane)
@@ -650,15 +650,13 @@ def _cell_row(side: str, engine: str, lane: str, prompt: str, windows: list[Any]
     engine log's own figures."""
     row: dict[str, Any] = {"side": side, "engine": engine, "lane": lane, "prompt": prompt,
                            **Acceptance.total([w.acceptance for w in windows]).counts()}
-    timings = cold_resp.get("timings") or {}
-    row["cold_timings_draft_n"] = timings.get("draft_n")
-    row["cold_timings_draft_n_accepted"] = timings.get("draft_n_accepted")
-    if engine == "llamacpp":  # its log prints per-request draft statistics, kept as raw figures
-        lines = pd.concat([w.log_intervals() for w in windows], ignore_index=True)
-        row["log_requests"] = len(lines)
-        row["log_mean_len"] = float(lines["printed_al"].mean()) if len(lines) and lines["printed_al"].notna().any() else None
-        row["log_accepted_tokens"] = float(lines["accepted_tokens"].sum()) if len(lines) else None
-        row["log_draft_tokens"] = float(lines["draft_tokens"].sum()) if len(lines) else None
+    from specbook.engines import capability, response_draft_counts
+    from specbook.engines.base import SummarisesRequestLogs
+
+    row["cold_timings_draft_n"], row["cold_timings_draft_n_accepted"] = response_draft_counts(engine, cold_resp)
+    per_request = capability(engine, SummarisesRequestLogs)
+    if per_request is not None:  # its log prints per-request draft statistics, kept as raw figures
+        row.update(per_request.request_log_figures(pd.concat([w.log_intervals() for w in windows], ignore_index=True)))
     return row
 
 
@@ -963,7 +961,7 @@ def acceptance_table(data: CrossData) -> pd.DataFrame:
         row = {"lane": c["lane"], "prompt": c["prompt"], "side": c["side"], "engine": c["engine"],
                **acc.figures()}
         row = {k: v for k, v in row.items() if not k.startswith("accepted_pos_")}
-        if c.get("engine") == "llamacpp":
+        if pd.notna(c.get("log_requests")):  # an engine whose log printed per-request draft statistics
             cold = Acceptance.from_llamacpp_timings([{"draft_n": c.get("cold_timings_draft_n"),
                                                       "draft_n_accepted": c.get("cold_timings_draft_n_accepted")}])
             row["cold_timings_acceptance_rate"] = cold.acceptance_rate

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbook.core.errors import ExperimentError, ModelNotPreparedError
-from specbook.engines import get_engine
+from specbook.engines import get_engine, with_log_stats_interval
 from specbook.engines.base import EngineConfig
 from specbook.experiments import attribution
 from specbook.experiments.arms import ARM_JOIN, Arm
@@ -17,8 +17,7 @@ from specbook.experiments.knob_ab.params import KnobABParams
 
 def _arm_config(arm: Arm, params: KnobABParams) -> EngineConfig:
     cfg = EngineConfig.model_validate(arm.engine)
-    env = {"VLLM_LOG_STATS_INTERVAL": f"{params.measurement.log_stats_interval_s:g}", **cfg.env}
-    return cfg.model_copy(update={"env": env})
+    return with_log_stats_interval(cfg, params.measurement.log_stats_interval_s)
 
 
 def check_inherited_knob_env(params: KnobABParams, parent_env) -> None:

@@ -271,10 +271,10 @@ def run_acceptance(row: Any) -> Acceptance:
 
 def load(ctx) -> KnobABData:
     """The saved frames of a run folder (what `specbook render` analyses with no server)."""
-    from specbook.engines.vllm.logparse import upgrade_intervals_frame
+    from specbook.engines import upgrade_log_frame
 
     runs = upgrade_runs_frame(ctx.load_frame(RUNS))
-    intervals = upgrade_intervals_frame(ctx.load_frame(INTERVALS)) if ctx.has_frame(INTERVALS) else pd.DataFrame()
+    intervals = upgrade_log_frame(ctx.load_frame(INTERVALS)) if ctx.has_frame(INTERVALS) else pd.DataFrame()
     requests = ctx.load_frame(REQUESTS) if ctx.has_frame(REQUESTS) else pd.DataFrame()
     try:
         workload = ctx.load_json("workload")

@@ -38,7 +38,8 @@ class SteadyParams(BaseModel):
 class MeasurementParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    log_stats_interval_s: float = Field(1.0, gt=0, description="VLLM_LOG_STATS_INTERVAL for launched servers")
+    log_stats_interval_s: float = Field(1.0, gt=0, description="the engine's log-statistics interval for launched "
+                                        "servers (where its log reports at intervals: vLLM)")
     flush_wait_s: float | None = Field(
         None, ge=0, description="wait after the last request so the last log interval is written; "
         "null: 2.5 x log_stats_interval_s"

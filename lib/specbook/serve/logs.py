@@ -1,0 +1,41 @@
+"""A server log read by byte range: what a window's requests made the server write, and what came before."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def log_size(path: Path) -> int:
+    """The log's size in bytes now (0 when it does not exist yet)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def read_log_range(path: Path, start: int, end: int | None = None) -> str:
+    """The log's bytes [start, end) decoded leniently ('' when it cannot be read); `end` None: to its end."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(-1 if end is None else max(0, end - start))
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class LogRange:
+    """The part of a server log written between two moments (a measurement window): bytes [start, end)."""
+
+    path: Path
+    start: int
+    end: int | None = None
+
+    def text(self) -> str:
+        return read_log_range(self.path, self.start, self.end)
+
+    def text_before(self) -> str:
+        """Everything the server wrote before the range (running totals are differenced against it)."""
+        return read_log_range(self.path, 0, self.start)
