@@ -55,6 +55,7 @@ from specbook.store.manifest import (
     write_manifest,
 )
 from specbook.store.runstore import SERVERS_NAME, RunContext
+from specbook.store.units import done_units, set_aside_unfinished, units_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -633,7 +634,7 @@ def resume_experiment(
 ) -> RunResult:
     """Continue an abandoned, failed or interrupted run in its own folder (`specbook run --resume`).
 
-    The units its collect finished are kept and skipped (specbook.run.resume), what unfinished ones left is set
+    The units its collect finished are kept and skipped (specbook.store.units), what unfinished ones left is set
     aside in unfinished/<n>/, the same schedule runs on; the manifest gains a part. Params come from the run's
     params.yaml: a value redacted there must be given again with `overrides` (`-p field=value`).
     """
@@ -643,7 +644,7 @@ def resume_experiment(
     manifest = read_manifest(run_dir)
     status = run_status(manifest)
     spec = get_experiment(manifest.experiment)
-    units = resume.units_of(manifest.experiment)
+    units = units_of(manifest.experiment)
     params_path = run_dir / PARAMS_YAML
     if not params_path.is_file():
         raise RunError(f"{params_path}: missing; cannot resume without the run's params")
@@ -656,7 +657,7 @@ def resume_experiment(
                                     allow_git_change=allow_git_change)
     if units is None:
         raise RunError(f"{run_dir}: experiment {manifest.experiment!r} does not declare its units of work "
-                       "(specbook.run.resume.register_units); it cannot be resumed")
+                       "(specbook.store.units.register_units); it cannot be resumed")
     resume.check_redacted(params.model_dump(mode="json"), run_dir)
     nb_path = Path(notebook).resolve() if notebook else spec.notebook_path()
     check_notebook(nb_path)
@@ -667,7 +668,7 @@ def resume_experiment(
         _dump_params_shown(params, params_path, shown.scrub)
         manifest.params, manifest.params_hash = shown.params, shown.params_hash
     ctx = RunContext(run_dir)
-    set_aside = resume.set_aside_unfinished(ctx, units)
+    set_aside = set_aside_unfinished(ctx, units)
     # a torn servers.jsonl line leaves the file with the unit it belonged to: the manifest still says so
     manifest.warnings += [f"{set_aside['folder']}/{SERVERS_NAME}: torn or damaged line set aside: {name}"
                           for name in set_aside.get("servers", []) if name.startswith("(unreadable line")]
@@ -683,7 +684,7 @@ def resume_experiment(
         manifest.parts[-1].status = status  # "abandoned" is derived when the watchdog could not write it
     manifest.parts.append(RunPart(
         started_at=iso_utc(started), host=socket.gethostname(), pid=os.getpid(), git_sha=git.sha,
-        resumed_from=status, kept_units=len(resume.done_units(ctx, units)), set_aside=set_aside.get("folder"),
+        resumed_from=status, kept_units=len(done_units(ctx, units)), set_aside=set_aside.get("folder"),
         overrides=shown.overrides, forced=forced))
     manifest.status, manifest.error, manifest.failed_cell, manifest.ended_at = "running", None, None, None
     manifest.runner = {"hostname": socket.gethostname(), "pid": os.getpid()}
