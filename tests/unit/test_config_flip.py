@@ -454,14 +454,14 @@ def test_load_keeps_the_measured_arms_apart_from_the_passes_done_rows(traced):
 
 
 def test_the_passes_are_resume_units_keyed_by_arm_and_kind(traced, tmp_path):
-    from specbook.run import resume
+    from specbook.store.units import done_units, set_aside_unfinished
 
     ctx = RunContext(tmp_path / "run")
-    assert resume.done_units(ctx, cf.UNITS) == {(a, k) for a in ARM_COUNTS for k in cf.UNIT_KINDS}
+    assert done_units(ctx, cf.UNITS) == {(a, k) for a in ARM_COUNTS for k in cf.UNIT_KINDS}
     # arm1's profiled pass was cut before its done row: its split is set aside, the rest stays
     arms = ctx.load_frame(cf.ARMS_FRAME)
     ctx.save_frame(cf.ARMS_FRAME, arms[~((arms["arm"] == "arm1-10000") & (arms["kind"] == "profile"))])
-    moved = resume.set_aside_unfinished(ctx, cf.UNITS)
+    moved = set_aside_unfinished(ctx, cf.UNITS)
     assert moved["rows"] == {cf.COST_SPLIT_FRAME: 1}
     assert cf.load(ctx).cost_split["arm"].tolist() == ["arm0-100000"]
 
@@ -551,12 +551,12 @@ def test_analyze_and_the_summary_show_the_passes_only_when_run(traced, tmp_path,
 
 
 def test_a_cut_pass_folder_is_set_aside_beside_never_reused(tmp_path):
-    from specbook.run import resume
+    from specbook.store.units import set_aside_folder
 
     folder = tmp_path / "traces" / "arm1-10000-trace"
-    assert resume.set_aside_folder(folder) is None  # a fresh run: nothing to move
+    assert set_aside_folder(folder) is None  # a fresh run: nothing to move
     for n in (1, 2):
         folder.mkdir(parents=True)
         (folder / "1.jsonl").write_text("{}\n")
-        assert resume.set_aside_folder(folder) == folder.with_name(f"arm1-10000-trace.unfinished-{n}")
+        assert set_aside_folder(folder) == folder.with_name(f"arm1-10000-trace.unfinished-{n}")
         assert not folder.exists() and (folder.with_name(f"arm1-10000-trace.unfinished-{n}") / "1.jsonl").is_file()

@@ -373,7 +373,7 @@ def test_cost_split_lanes_must_name_lanes(tmp_path, demo):
 
 def test_each_extra_pass_is_its_own_resume_unit_and_old_folders_are_all_timed(tmp_path):
     from specbook.experiments.cross_engine import traces as cet
-    from specbook.run import resume
+    from specbook.store.units import done_units, set_aside_unfinished
 
     ctx = RunContext(tmp_path / "run")
     ctx.save_frame(ce.SERVERS_FRAME, pd.DataFrame([
@@ -383,12 +383,12 @@ def test_each_extra_pass_is_its_own_resume_unit_and_old_folders_are_all_timed(tm
     # a profiled pass killed before its done row: its split is set aside, the finished trace pass stays
     ctx.save_frame(ce.COST_SPLIT_FRAME, pd.DataFrame([{"side": "oracle", "lane": "draft", "kind": "profile",
                                                        "step_ms": 1.0}]))
-    assert resume.done_units(ctx, ce.UNITS) == {("oracle", "draft", "timed"), ("oracle", "draft", "trace")}
-    moved = resume.set_aside_unfinished(ctx, ce.UNITS)
+    assert done_units(ctx, ce.UNITS) == {("oracle", "draft", "timed"), ("oracle", "draft", "trace")}
+    moved = set_aside_unfinished(ctx, ce.UNITS)
     assert moved["rows"] == {ce.COST_SPLIT_FRAME: 1} and len(ctx.load_frame(cet.TRACE_STEPS)) == 1
     old = RunContext(tmp_path / "old")
     old.save_frame(ce.SERVERS_FRAME, _servers().assign(lane="off", server=["llamacpp-off", "vllm-off"]))
-    assert resume.done_units(old, ce.UNITS) == {("ours", "off", "timed"), ("oracle", "off", "timed")}
+    assert done_units(old, ce.UNITS) == {("ours", "off", "timed"), ("oracle", "off", "timed")}
 
 
 # ------------------------------------------------------------------ prompts drawn through the workload registry

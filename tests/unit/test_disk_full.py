@@ -147,6 +147,7 @@ import json, sys, time
 from pathlib import Path
 from papermill.iorw import papermill_io
 from specbook.run import runner
+from specbook.run.execute import atomic_notebook_writes
 from specbook.core.errors import DiskFullError
 from specbook.store.manifest import Manifest, GitInfo, RunPart, read_manifest, write_manifest
 
@@ -167,7 +168,7 @@ with open(run_dir / "filler", "wb", buffering=0) as fh:  # the disk fills up (an
         pass
 out = {}
 try:  # papermill saves the notebook after a cell: through the run's handler, the old one stays whole
-    with runner._atomic_notebook_writes(run_dir):
+    with atomic_notebook_writes(run_dir):
         papermill_io.write(json.dumps({"cells": ["y" * 200_000]}), str(report))
     out["notebook"] = None
 except DiskFullError as exc:

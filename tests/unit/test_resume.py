@@ -1,4 +1,5 @@
-"""Resume (specbook.run.resume, runner.resume_experiment) and the run guard (specbook.run.runguard).
+"""Resume (specbook.run.resume, runner.resume_experiment) and the run guard (specbook.run.runguard); the units of
+work a resume keeps or sets aside are tested on their own in test_units.py.
 
 The runner tests execute a real fixture notebook (tests/fixtures/notebooks/units.ipynb) on the real kernel: it
 does units of work the way a collect does (skip the done ones, append the done row last) and fails at the unit
@@ -8,7 +9,6 @@ FIXTURE_FAIL_AT names. No engine is involved; the guard tests use plain child pr
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import signal
 import socket
@@ -29,6 +29,7 @@ from specbook.run.runner import resume_experiment, run_experiment
 from specbook.store.fingerprint import GitInfo
 from specbook.store.manifest import Manifest, RunPart, read_manifest, run_status, write_manifest
 from specbook.store.runstore import RunContext
+from specbook.store.units import Units, register_units
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOTEBOOKS = FIXTURES / "notebooks"
@@ -36,85 +37,13 @@ SMALL = FIXTURES / "params" / "fixture_good" / "small.yaml"
 sys.path.insert(0, str(NOTEBOOKS))
 fixture_experiments = importlib.import_module("fixture_experiments")
 
-UNITS = resume.Units(done_frame="units", key=("unit",), frames=("units", "items"), server="unit")
+UNITS = Units(done_frame="units", key=("unit",), frames=("units", "items"), server="unit")
 register_experiment(ExperimentSpec("fixture_units", fixture_experiments.FixtureParams, str(NOTEBOOKS / "units.ipynb")))
-resume.register_units("fixture_units", UNITS)
+register_units("fixture_units", UNITS)
 
 
 # --------------------------------------------------------------------------------------------------
 # resume.py alone
-
-
-def _folder(tmp_path: Path) -> RunContext:
-    ctx = RunContext(tmp_path / "run")
-    ctx.save_frame("units", pd.DataFrame({"unit": ["u0", "u1", "u2"], "status": ["ok", "ok", "failed"]}))
-    ctx.save_frame("items", pd.DataFrame({"unit": ["u0", "u1", "u2", "u3"], "value": [0, 1, 2, 3]}))
-    for unit in ("u0", "u1", "u2", "u3"):
-        ctx.log_path(unit).write_text(f"Env: UNIT={unit}\nserver output\n")  # a server log starts so
-    ctx.log_path("u3.1").write_text("Env: UNIT=u3\nan earlier launch of u3\n")
-    ctx.log_path("progress").write_text("not a server's log: the runner's own\n")
-    records = [json.dumps({"name": u, "argv": ["x"]}) for u in ("u0", "u1", "u2")]
-    (ctx.run_dir / "servers.jsonl").write_text("\n".join(records) + '\n{"name": "u3", "ar')  # torn last line
-    (ctx.data_dir / "items.parquet.tmp").write_text("half a frame")
-    return ctx
-
-
-STATUS_UNITS = resume.Units(done_frame="units", key=("unit",), frames=("units", "items"), server="unit",
-                            done_when={"status": "ok"})
-
-
-def test_done_units_are_the_done_frame_rows_meeting_the_condition(tmp_path):
-    ctx = _folder(tmp_path)
-    assert resume.done_units(ctx, STATUS_UNITS) == {("u0",), ("u1",)}
-    assert resume.done_units(ctx, UNITS) == {("u0",), ("u1",), ("u2",)}  # no condition: every row
-    assert resume.done_units(RunContext(tmp_path / "fresh"), STATUS_UNITS) == set()
-
-
-def test_set_aside_moves_what_unfinished_units_left_and_keeps_the_rest(tmp_path):
-    ctx = _folder(tmp_path)
-    moved = resume.set_aside_unfinished(ctx, STATUS_UNITS)
-    aside = ctx.run_dir / "unfinished" / "1"
-    assert moved["folder"] == "unfinished/1" and moved["rows"] == {"units": 1, "items": 2}
-    assert list(ctx.load_frame("units")["unit"]) == ["u0", "u1"]
-    assert list(ctx.load_frame("items")["unit"]) == ["u0", "u1"]
-    assert list(pd.read_parquet(aside / "data" / "items.parquet")["unit"]) == ["u2", "u3"]
-    assert list(pd.read_parquet(aside / "data" / "units.parquet")["status"]) == ["failed"]
-    assert sorted(p.name for p in ctx.logs_dir.iterdir()) == ["progress.log", "u0.log", "u1.log"]
-    assert sorted(moved["logs"]) == ["u2.log", "u3.1.log", "u3.log"] and (aside / "logs" / "u3.1.log").is_file()
-    kept = [json.loads(ln)["name"] for ln in (ctx.run_dir / "servers.jsonl").read_text().splitlines()]
-    assert kept == ["u0", "u1"]
-    assert moved["servers"][0] == "u2" and "unreadable line" in moved["servers"][1]
-    assert moved["temp_files"] == ["items.parquet.tmp"] and not list(ctx.data_dir.glob("*.tmp"))
-    assert json.loads((aside / "set_aside.json").read_text())["rows"] == {"units": 1, "items": 2}
-    # nothing left to move: nothing moved, no empty folder; a later set-aside gets the next number
-    assert resume.set_aside_unfinished(ctx, STATUS_UNITS) == {} and not (ctx.run_dir / "unfinished" / "2").exists()
-    ctx.append_frame("items", pd.DataFrame({"unit": ["u9"], "value": [9]}))
-    assert resume.set_aside_unfinished(ctx, STATUS_UNITS)["folder"] == "unfinished/2"
-
-
-def test_set_aside_gives_back_the_integer_columns_a_failed_row_made_float(tmp_path):
-    # Seen in CI: the kill hit while a unit's server was dying, the kernel appended that unit's failed row (no
-    # counts, NaN) and the kept ok rows' int64 counts were float64 from then on: the resumed run's frame read
-    # differently from an uninterrupted run's. Columns that were float anyway stay float.
-    ctx = RunContext(tmp_path / "run")
-    ok = pd.DataFrame({"unit": ["u0", "u1"], "status": ["ok", "ok"], "seed": [7, 8], "tok_s": [2.0, 3.5],
-                       "ready_s": [31.2, 30.4]})
-    ctx.save_frame("units", ok)
-    ctx.append_frame("units", pd.DataFrame([{"unit": "u2", "status": "failed", "ready_s": float("nan")}]))
-    assert ctx.load_frame("units")["seed"].dtype == "float64"
-    resume.set_aside_unfinished(ctx, STATUS_UNITS)
-    kept = ctx.load_frame("units")
-    assert kept["seed"].dtype == "int64" and list(kept["seed"]) == [7, 8]
-    assert kept["tok_s"].dtype == "float64"  # the moved row had no NaN there: it was float before it
-    pd.testing.assert_frame_equal(kept, ok)
-
-
-def test_set_aside_names_a_frame_without_the_unit_columns(tmp_path):
-    ctx = RunContext(tmp_path / "run")
-    ctx.save_frame("units", pd.DataFrame({"unit": ["u0"]}))
-    ctx.save_frame("items", pd.DataFrame({"value": [1]}))
-    with pytest.raises(RunError, match=r"items\.parquet: has no unit column"):
-        resume.set_aside_unfinished(ctx, UNITS)
 
 
 def test_redacted_fields_are_named_in_the_override_syntax():
@@ -163,6 +92,22 @@ def test_resumed_note_only_for_a_run_in_parts():
     assert "part 1: started t0 on h (pid 1, git bbbbbbbbbbbb), abandoned" in note
     assert "part 2: started t1 on h (pid 2, git bbbbbbbbbbbb), ok; kept 2 finished units; what unfinished units " \
            "left was set aside in unfinished/1" in note
+
+
+def test_a_resumed_part_ends_the_one_before_as_the_run_stood():
+    first = RunPart(started_at="t0", pid=1, status="running")
+    m = _manifest(parts=[first])
+    resume.add_part(m, "abandoned", RunPart(started_at="t1", pid=2, resumed_from="abandoned"))
+    assert [(p.started_at, p.status) for p in m.parts] == [("t0", "abandoned"), ("t1", "running")]
+    # a run recorded before parts existed: its first start becomes part 1, from the top-level fields
+    old = _manifest(status="failed", error="cell 3 raised", ended_at="t0b", duration_s=4.0,
+                    runner={"hostname": "h", "pid": 7})
+    resume.add_part(old, "failed", RunPart(started_at="t1", pid=2, resumed_from="failed"))
+    part1 = old.parts[0]
+    assert (part1.started_at, part1.ended_at, part1.duration_s, part1.host, part1.pid) == (old.started_at, "t0b",
+                                                                                          4.0, "h", 7)
+    assert part1.status == "failed" and part1.error == "cell 3 raised" and part1.git_sha == "b" * 40
+    assert old.parts[1].started_at == "t1" and len(old.parts) == 2
 
 
 def test_run_status_reads_abandoned_for_a_dead_runner_on_this_host():
@@ -282,7 +227,7 @@ with runguard.guarded(run_dir):
 
 def test_a_sigkilled_runner_leaves_no_server_and_its_run_reads_abandoned(tmp_path):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    (run_dir / "logs").mkdir(parents=True)
     proc = subprocess.Popen([sys.executable, "-c", FAKE_RUNNER, str(run_dir)])
     write_manifest(run_dir, _manifest(status="running", runner={"hostname": socket.gethostname(), "pid": proc.pid},
                                       parts=[RunPart(started_at="t0", pid=proc.pid)]))
@@ -302,6 +247,9 @@ def test_a_sigkilled_runner_leaves_no_server_and_its_run_reads_abandoned(tmp_pat
     m = read_manifest(run_dir)
     assert m.status == "abandoned" and m.parts[0].status == "abandoned" and m.parts[0].ended_at
     assert f"the runner (pid {proc.pid}) died" in m.error and "stopped 1 server process(es)" in m.error
+    journal = (run_dir / "logs" / "watchdog.log").read_text().splitlines()  # what it did, a whole line each
+    assert f"the runner (pid {proc.pid}) died without finishing the run" in journal[0]
+    assert any("stopped 1 server process(es)" in line for line in journal[1:]), journal
 
 
 def test_a_runner_that_ends_normally_leaves_its_manifest_to_itself(tmp_path):
@@ -375,44 +323,3 @@ def test_wait_quiet_returns_once_a_busy_process_goes_idle_and_gives_up_at_its_bo
         for p in (busy_then_idle, busy):
             p.kill()
             p.wait()
-
-
-# --------------------------------------------------------------------------------------------------
-# The experiments' declared units on real run folders (tests/golden: frames saved by real runs)
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-
-
-@pytest.mark.parametrize("experiment, unfinished_server, frames_with_rows", [
-    ("config_flip", "arm1-100.0", ("requests", "intervals")),
-    ("cross_engine", "llamacpp-draft-int4", ("requests", "cell_counters")),
-])
-def test_a_unit_killed_before_its_done_row_is_set_aside_on_a_real_run_folder(tmp_path, experiment,
-                                                                              unfinished_server, frames_with_rows):
-    import shutil
-
-    import specbook.experiments  # noqa: F401  (registers the experiments' units)
-    from specbook.experiments.registry import get_experiment
-
-    run_dir = tmp_path / experiment
-    shutil.copytree(GOLDEN / experiment, run_dir)
-    units = resume.units_of(experiment)
-    ctx = RunContext(run_dir)
-    done_rows = units.upgraded(ctx.load_frame(units.done_frame))  # a frame saved before a key column existed
-    everything = resume.done_units(ctx, units)
-    assert len(everything) == len(done_rows)  # every unit of the finished run is done
-    # the kill came after the last unit's other rows, before its done row (collect appends that last)
-    last = done_rows[done_rows[units.server] == unfinished_server]
-    ctx.save_frame(units.done_frame, done_rows.drop(index=last.index))
-    key = tuple(last[list(units.key)].iloc[0])
-    before = {name: len(ctx.load_frame(name)) for name in units.frames if ctx.has_frame(name)}
-    assert resume.done_units(ctx, units) == everything - {key}
-
-    moved = resume.set_aside_unfinished(ctx, units)
-    assert set(moved["rows"]) == set(frames_with_rows) and moved["servers"] == [unfinished_server]
-    assert moved["logs"] == [f"{unfinished_server}.log"]
-    for name in frames_with_rows:
-        left = ctx.load_frame(name)
-        assert len(left) == before[name] - moved["rows"][name] and moved["rows"][name] > 0
-        assert key not in set(left[list(units.key)].itertuples(index=False, name=None))
-    get_experiment(experiment).require("load")(ctx)  # what is left still loads

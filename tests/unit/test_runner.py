@@ -235,12 +235,12 @@ def test_render_run_of_a_folder_without_data_fails_and_says_so(good_run, tmp_pat
 
 def _html_step_fails(monkeypatch):
     """The html step as it failed on a GPU host with nbconvert's templates off the Jupyter path (2026-11-30)."""
-    import specbook.run.runner as runner_mod
+    from specbook.run import render
 
     def no_templates(report, title=None):
         raise ValueError("No template sub-directory with name 'lab' found in the following paths:\n\t/opt/x")
 
-    monkeypatch.setattr(runner_mod, "render_html", no_templates)
+    monkeypatch.setattr(render, "render_html", no_templates)
 
 
 @needs_kernel
@@ -295,7 +295,6 @@ def test_a_failed_cell_keeps_a_run_failed_when_its_report_renders(good_run, brok
 
 
 def test_a_torn_servers_line_is_a_manifest_warning_not_lost_servers(good_run, tmp_path):
-    import specbook.run.runner as runner_mod
     from specbook.store.runstore import RunContext
 
     run_dir = tmp_path / "torn"
@@ -305,7 +304,7 @@ def test_a_torn_servers_line_is_a_manifest_warning_not_lost_servers(good_run, tm
         fh.write('{"name": "arm-1", "argv": ["vl')  # the runner was killed here
     ctx.record_server("arm-1", ["vllm"], {}, {"vllm": "0.32"}, started_at=None, status="ok")
     m = read_manifest(good_run.run_dir)
-    runner_mod._collect_servers(m, run_dir)
+    runner._collect_servers(m, run_dir)
     assert [s.name for s in m.servers] == ["arm-0", "arm-1"] and set(m.engine_versions) == {"arm-0", "arm-1"}
     (warning,) = m.warnings
     assert warning.startswith("servers.jsonl:2: torn or damaged line")
@@ -451,15 +450,15 @@ def _dead_pid() -> int:
 
 def test_missing_nbconvert_templates_are_explained_and_the_report_kept(tmp_path, monkeypatch):
     """What a GPU host with nbconvert installed by `pip --target` and no JUPYTER_PATH printed (2026-11-30)."""
-    import specbook.run.runner as runner_mod
+    from specbook.run import render
 
     (tmp_path / "report.ipynb").write_text("{}")
 
     def no_templates(report, title=None):
         raise ValueError("No template sub-directory with name 'lab' found in the following paths:\n\t/opt/torch/.venv/share/jupyter")
 
-    monkeypatch.setattr(runner_mod, "render_html", no_templates)
-    html, error = runner_mod._try_render(tmp_path, "t")
+    monkeypatch.setattr(render, "render_html", no_templates)
+    html, error = render.try_render(tmp_path, "t")
     assert html is None and "No template sub-directory with name 'lab'" in error
     assert "JUPYTER_PATH" in error and "specbook render RUN_DIR" in error
     assert (tmp_path / "report.ipynb").is_file()
@@ -472,6 +471,8 @@ def test_a_failed_cell_is_named_by_the_call_that_failed_not_its_first_line(tmp_p
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from specbook.run.execute import failed_cell_from
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("x = 1"),
                 nbformat.v4.new_code_cell("from IPython.display import display\n\nvalue = int('not a number')\n")]
@@ -481,7 +482,7 @@ def test_a_failed_cell_is_named_by_the_call_that_failed_not_its_first_line(tmp_p
     nbformat.write(nb, src)
     with pytest.raises(PapermillExecutionError) as err:
         papermill.execute_notebook(str(src), str(tmp_path / "out.ipynb"), kernel_name="specbook", progress_bar=False)
-    cell = runner._failed_cell_from(err.value, src)
+    cell = failed_cell_from(err.value, src)
     assert cell.first_line == "from IPython.display import display"
     assert cell.failing_line == "value = int('not a number')"
     assert "(In [2]) at `value = int('not a number')` raised ValueError" in cell.describe()

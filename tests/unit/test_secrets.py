@@ -225,7 +225,7 @@ def test_dump_params_hides_secrets_and_the_unredacted_copy_keeps_them(tmp_path):
 
 def test_runner_shows_params_overrides_command_redacted_and_hashes_what_it_shows(monkeypatch):
     from specbook.core.params import params_hash
-    from specbook.run import runner
+    from specbook.run.scrub import shown_of
 
     sys.path.insert(0, str(NOTEBOOKS))
     from fixture_experiments import FixtureParams
@@ -235,7 +235,7 @@ def test_runner_shows_params_overrides_command_redacted_and_hashes_what_it_shows
                                         "labels": ["--hf-token", "extra-secret-1"]})
     overrides = ["env.DB_PASSWORD=override-secret", "labels.1=extra-secret-1", "rows=2"]
     command = ["specbook", "run", "x", "-p", overrides[0], "-p", overrides[1], "--note", "launch-env-secret"]
-    shown = runner._shown(p, overrides, command)
+    shown = shown_of(p, overrides, command)
     assert shown.params["env"] == {"DB_PASSWORD": REDACTED} and shown.params["labels"] == ["--hf-token", REDACTED]
     # the value-only override is caught by the value the params showed to be secret
     assert shown.overrides == ["env.DB_PASSWORD=***", "labels.1=***", "rows=2"]
@@ -243,20 +243,20 @@ def test_runner_shows_params_overrides_command_redacted_and_hashes_what_it_shows
                              "--note", REDACTED]
     assert shown.hidden_in_params and shown.params_hash != params_hash(p)
     plain = validate_params(FixtureParams, {"rows": 2})
-    clean = runner._shown(plain, ["rows=2"], ["specbook"])
+    clean = shown_of(plain, ["rows=2"], ["specbook"])
     assert not clean.hidden_in_params and clean.params_hash == params_hash(plain)  # unchanged without secrets
 
 
 def test_summary_blocks_the_kernel_saved_are_scrubbed_like_the_report(tmp_path):
     """The kernel builds the summary's question from its real params: the runner hides what it knows."""
-    from specbook.run import runner
+    from specbook.run.scrub import scrub_report
 
     question = "Weights mirrored from https://alice:pw-in-desc-123@example.invalid/models; token tok-value-4567"
     (tmp_path / "reanalyses").mkdir()
     for path in (tmp_path / "summary.json", tmp_path / "reanalyses" / "r1.summary.json"):
         path.write_text(json.dumps({"question": question, "headlines": [{"why": "tok-value-4567 said"}]}))
     (tmp_path / "report.ipynb").write_text("not a notebook")  # an unreadable report leaves the summaries scrubbed
-    runner._scrub_report(tmp_path, secrets.Scrubber({"tok-value-4567"}))
+    scrub_report(tmp_path, secrets.Scrubber({"tok-value-4567"}))
     for path in (tmp_path / "summary.json", tmp_path / "reanalyses" / "r1.summary.json"):
         doc = json.loads(path.read_text())
         assert doc == {"question": "Weights mirrored from https://alice:***@example.invalid/models; token ***",

@@ -76,10 +76,10 @@ def unit_task(call: Callable[..., Any], key: str, token: str, slot: int, env: di
 
 def stop_run_processes(token: str) -> dict[str, Any]:
     """On one node: stop every process carrying the run's token (servers first); what was stopped."""
-    from specbook.run import runguard
+    from specbook.serve.processes import run_processes, stop
 
-    servers, _ = runguard.run_processes(token)
-    left = runguard.stop(servers)
+    servers, _ = run_processes(token)
+    left = stop(servers)
     return {"node": socket.gethostname(), "stopped": len(servers), "left": [p.pid for p in left],
             "staged": collect_staged(token)}
 
@@ -141,11 +141,11 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from specbook.run import runguard
+    from specbook.core.secrets import RUN_TOKEN_ENV
 
     started = _init(ray, params)
-    token = os.environ.get(runguard.RUN_TOKEN_ENV) or f"specbook-{os.getpid()}-{time.time_ns()}"
-    env = {runguard.RUN_TOKEN_ENV: token}
+    token = os.environ.get(RUN_TOKEN_ENV) or f"specbook-{os.getpid()}-{time.time_ns()}"
+    env = {RUN_TOKEN_ENV: token}
     if os.environ.get(progress.ENV):
         env[progress.ENV] = os.environ[progress.ENV]
     pg = None

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from specbook.core.errors import EngineError
 from specbook.engines import require
 from specbook.engines.base import ProfilesSteps, StepProfiler
-from specbook.run import resume
+from specbook.store.units import set_aside_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,7 +129,7 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
 
     profiler = profiler_of(server_cfg.engine)
     trace_dir = Path(run.run_dir) / PROFILES_DIR / name
-    resume.set_aside_folder(trace_dir)  # a resumed run: a cut attempt's profiler traces are never read as these
+    set_aside_folder(trace_dir)  # a resumed run: a cut attempt's profiler traces are never read as these
     trace_dir.mkdir(parents=True, exist_ok=True)
     cfg = profiler.profiled_config(server_cfg, trace_dir)
     with serve(cfg, run, name, extra={"profiled_pass": True, "lane": lane}) as server:

@@ -1,233 +1,40 @@
-"""Resuming a run in its own folder: which units of work are done, setting aside what an unfinished one left,
-whether a run may be resumed, and the line a report shows about it.
+"""Resuming a run in its own folder (`specbook run --resume`): whether a run may be resumed, the part the
+manifest gains, and the line a report shows about it.
 
-A unit is what an experiment's collect appends in one go (a knob A/B run = arm x sweep, a config-flip arm, a
-cross-engine lane x side server). Each experiment declares its units once (`Units`, registered by name); its
-collect skips the keys `done_units` returns, and `set_aside_unfinished` moves the rows, logs and server records
-of every other unit out of the way before the resumed part re-runs them. Nothing is deleted: what was set
-aside lies in `unfinished/<n>/` of the run folder.
+Which units of work a run folder holds as done, and setting aside what unfinished ones left, is the run
+folder's bookkeeping (specbook.store.units): the experiments' collects use it too.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specbook.core.diskwrite import write_text_atomic
 from specbook.core.errors import ParamsError, RunError
 from specbook.core.secrets import REDACTED
-
-if TYPE_CHECKING:
-    from specbook.store.manifest import Manifest
-    from specbook.store.runstore import RunContext
+from specbook.store.manifest import Manifest, RunPart, read_manifest
 
 __all__ = [
     "RESUMABLE",
-    "SET_ASIDE_DIR",
-    "Units",
+    "add_part",
+    "check_redacted",
     "check_resumable",
-    "done_units",
     "redacted_fields",
-    "register_units",
     "resumed_note",
-    "set_aside_folder",
-    "set_aside_unfinished",
-    "units_of",
+    "resumed_note_of",
 ]
 
-SET_ASIDE_DIR = "unfinished"
 # Statuses a resume continues; "ok" is finished and "running" may still be running.
 RESUMABLE = ("abandoned", "failed", "interrupted")
-
-
-@dataclass(frozen=True)
-class Units:
-    """How an experiment's collect saves its units of work.
-
-    done_frame: the frame whose row marks a unit done; collect appends it last, after the unit's other rows.
-    key:        the columns naming a unit, in every frame of `frames`.
-    frames:     the frames whose rows belong to units (done_frame among them).
-    server:     the column of done_frame naming the unit's server (its logs/NAME.log, its servers.jsonl record).
-    done_when:  column values a done_frame row must have to count as done (knob A/B also appends failed runs).
-    key_defaults: the value of a key column in frames saved before that column existed.
-    """
-
-    done_frame: str
-    key: tuple[str, ...]
-    frames: tuple[str, ...]
-    server: str
-    done_when: dict[str, Any] = field(default_factory=dict)
-    key_defaults: dict[str, Any] = field(default_factory=dict)
-
-    def upgraded(self, frame: Any) -> Any:
-        """`frame` with every absent key column that has a default filled in."""
-        absent = {col: value for col, value in self.key_defaults.items() if col not in frame}
-        return frame.assign(**absent) if absent else frame
-
-
-_UNITS: dict[str, Units] = {}
-
-
-def register_units(experiment: str, units: Units) -> Units:
-    _UNITS[experiment] = units
-    return units
-
-
-def units_of(experiment: str) -> Units | None:
-    return _UNITS.get(experiment)
-
-
-def _done_rows(ctx: RunContext, units: Units):
-    if not ctx.has_frame(units.done_frame):
-        return None
-    frame = units.upgraded(ctx.load_frame(units.done_frame))
-    missing = [col for col in units.key if col not in frame]
-    if missing:  # saved before the experiment's units had this key (an older specbook)
-        raise RunError(f"{ctx.frame_path(units.done_frame)}: has no {', '.join(missing)} column(s); cannot tell "
-                       "which units are done")
-    for col, value in units.done_when.items():
-        frame = frame[frame[col] == value] if col in frame else frame.iloc[0:0]
-    return frame
-
-
-def done_units(ctx: RunContext, units: Units) -> set[tuple[Any, ...]]:
-    """Keys of the units the run folder holds as done (empty in a fresh run)."""
-    rows = _done_rows(ctx, units)
-    if rows is None:
-        return set()
-    return set(rows[list(units.key)].itertuples(index=False, name=None))
-
-
-def _done_servers(ctx: RunContext, units: Units) -> set[str]:
-    rows = _done_rows(ctx, units)
-    return set() if rows is None or units.server not in rows else {str(s) for s in rows[units.server]}
-
-
-def _aside_folder(ctx: RunContext) -> Path:
-    base = ctx.run_dir / SET_ASIDE_DIR
-    n = 1
-    while (base / str(n)).exists():
-        n += 1
-    return base / str(n)
-
-
-def set_aside_unfinished(ctx: RunContext, units: Units) -> dict[str, Any]:
-    """Move what unfinished units left (rows of data/*.parquet, logs/*.log, servers.jsonl records, stray temp
-    files) into unfinished/<n>/, keeping the done units' as they are. Returns what moved ({} when nothing)."""
-    import pandas as pd
-
-    done = done_units(ctx, units)
-    servers = _done_servers(ctx, units)
-    folder = _aside_folder(ctx)
-    moved: dict[str, Any] = {"rows": {}, "logs": [], "servers": [], "temp_files": []}
-
-    def target(rel: str) -> Path:
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
-
-    for tmp in sorted(ctx.data_dir.glob("*.tmp")):  # a write the kill cut short (first: saves below reuse the name)
-        os.replace(tmp, target(f"data/{tmp.name}"))
-        moved["temp_files"].append(tmp.name)
-    for name in units.frames:
-        if not ctx.has_frame(name):
-            continue
-        frame = units.upgraded(ctx.load_frame(name))
-        if not all(col in frame for col in units.key):
-            raise RunError(f"{ctx.frame_path(name)}: has no {', '.join(units.key)} column(s); cannot tell its units")
-        keys = pd.Series(list(frame[list(units.key)].itertuples(index=False, name=None)), index=frame.index)
-        unfinished = ~keys.isin(done)
-        if unfinished.any():
-            frame[unfinished].reset_index(drop=True).to_parquet(target(f"data/{name}.parquet"))
-            ctx.save_frame(name, _integers_back(frame[~unfinished].reset_index(drop=True), frame[unfinished]))
-            moved["rows"][name] = int(unfinished.sum())
-    for log in sorted(ctx.logs_dir.glob("*.log")):
-        # NAME.log, or NAME.<n>.log for a relaunch's earlier log; only server logs (the runner keeps others there)
-        if log.stem not in servers and log.stem.split(".")[0] not in servers and _is_server_log(log):
-            os.replace(log, target(f"logs/{log.name}"))
-            moved["logs"].append(log.name)
-    _set_aside_server_records(ctx, servers, target, moved)
-    if not any(moved.values()):
-        return {}
-    moved["folder"] = str(folder.relative_to(ctx.run_dir))
-    write_text_atomic(folder / "set_aside.json", json.dumps(moved, indent=1) + "\n")
-    return moved
-
-
-def _integers_back(kept: Any, moved: Any) -> Any:
-    """The kept rows with the integer columns they had before a moved row made them float: a failed unit's row
-    lacks the counts an ok row has (NaN), and appending it turned those int64 columns into float64. A resumed
-    run's frames must read like an uninterrupted run's, dtypes included. (A float column whose kept values are
-    all whole numbers comes back int64 as well; its values are unchanged.)"""
-    import numpy as np
-
-    out = kept.copy()
-    for col in kept.columns:
-        values = kept[col]
-        if (values.dtype == np.float64 and len(values) and moved[col].isna().any() and values.notna().all()
-                and bool((values == np.floor(values)).all()) and bool((values.abs() < 2**53).all())):
-            out[col] = values.astype(np.int64)
-    return out
-
-
-def set_aside_folder(folder: str | os.PathLike[str]) -> Path | None:
-    """A folder an unfinished unit's earlier attempt wrote (trace records, profiler traces) renamed beside it,
-    NAME.unfinished-<n>: kept, never read as the new attempt's. Returns where it went (None: no such folder)."""
-    folder = Path(folder)
-    if not folder.exists():
-        return None
-    n = 1
-    while folder.with_name(f"{folder.name}.unfinished-{n}").exists():
-        n += 1
-    target = folder.with_name(f"{folder.name}.unfinished-{n}")
-    folder.rename(target)
-    return target
-
-
-def _is_server_log(path: Path) -> bool:
-    """A server's log starts with the `Env:` line its launcher writes (specbook.core.envline)."""
-    from specbook.core.envline import ENV_PREFIX
-
-    with open(path, "rb") as fh:
-        return fh.read(len(ENV_PREFIX)) == ENV_PREFIX.encode()
-
-
-def _set_aside_server_records(ctx: RunContext, servers: set[str], target, moved: dict[str, Any]) -> None:
-    from specbook.store.runstore import SERVERS_NAME
-
-    path = ctx.run_dir / SERVERS_NAME
-    if not path.exists():
-        return
-    keep, aside = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        record = _json_or_none(line)  # a torn line (the runner died mid-write) belongs to no done unit
-        name = record.get("name") if isinstance(record, dict) else None
-        (keep if name in servers else aside).append(line)
-    if not aside:
-        return
-    write_text_atomic(target(SERVERS_NAME), "\n".join(aside) + "\n")
-    write_text_atomic(path, "".join(ln + "\n" for ln in keep))
-    moved["servers"] = [r["name"] if isinstance(r := _json_or_none(ln), dict) and r.get("name")
-                        else f"(unreadable line {ln[:40]!r})" for ln in aside]
-
-
-def _json_or_none(line: str) -> Any:
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------------
 # May this run be resumed?
 
 
-def _walk(obj: Any, path: str = ""):
+def _walk(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _walk(v, f"{path}.{k}" if path else str(k))
@@ -289,6 +96,24 @@ def check_resumable(manifest: Manifest, status: str, *, experiment: str | None, 
 
 
 # --------------------------------------------------------------------------------------------------
+# The manifest's record of it
+
+
+def add_part(manifest: Manifest, status: str, part: RunPart) -> None:
+    """Append the resumed part; the part before it ends as `status` (the run's status, derived: "abandoned"
+    where the watchdog could not write it). A run recorded before parts existed gets its first start as part 1."""
+    if not manifest.parts:
+        first = manifest.model_dump()
+        manifest.parts.append(RunPart(started_at=first["started_at"], ended_at=first["ended_at"],
+                                      duration_s=first["duration_s"], host=manifest.runner.get("hostname"),
+                                      pid=manifest.runner.get("pid"), git_sha=manifest.git.sha, status=status,
+                                      error=manifest.error))
+    else:
+        manifest.parts[-1].status = status
+    manifest.parts.append(part)
+
+
+# --------------------------------------------------------------------------------------------------
 # What the report says
 
 
@@ -310,8 +135,6 @@ def resumed_note(manifest: Manifest) -> str | None:
 
 def resumed_note_of(run_dir: str | os.PathLike[str]) -> str | None:
     """resumed_note of a run folder's manifest (None when it has none or it cannot be read)."""
-    from specbook.store.manifest import read_manifest
-
     try:
         return resumed_note(read_manifest(run_dir))
     except RunError:

@@ -2,9 +2,8 @@
 stops them (and marks the run abandoned) when the runner is killed outright.
 
 The runner puts a token in the kernel's environment; every server the kernel launches, and their workers,
-inherit it, so the run's processes are found by it whatever their parent or session (servers run in their own
-sessions; a dead kernel's children are re-parented). Servers are told from the kernel by the marker every
-launched server carries (specbook.serve.server.MARKER_ENV).
+inherit it, so the run's processes are found by it (specbook.serve.processes, which also stops them: the Ray
+executor does so on its nodes).
 
 - Ctrl-C / SIGTERM (`guarded`): the kernel is interrupted, so the running cell's `with` blocks tear their
   servers down and record them; the runner waits until no server of the run is left (stopping any that
@@ -32,15 +31,16 @@ from pathlib import Path
 
 import psutil
 
+from specbook.core.diskwrite import append_line
+from specbook.core.errors import RunError
 from specbook.core.secrets import RUN_TOKEN_ENV
+from specbook.serve.processes import alive, run_processes, send_signal, stop
 from specbook.serve.server import MARKER_ENV
 from specbook.store.manifest import iso_utc, read_manifest, utc_now, write_manifest
 
 # Longer than a server's own teardown (TERM 20 s + KILL 10 s): the kernel gets the first chance.
 SERVER_STOP_BOUND_S = 45.0
-TERM_GRACE_S = 10.0
 UNIT_RECORD_BOUND_S = 15.0  # a Ray unit's server record after its server is gone (a log parse and one write)
-KILL_GRACE_S = 5.0
 # After the servers are gone the interrupted cell still records them, writes its frames and formats its
 # traceback; papermill's shutdown of a kernel still busy with that closes its sockets under it ("Exception in
 # message handler ... ZMQError" on the console, and writes cut short). The runner waits, up to this bound, for
@@ -51,60 +51,6 @@ KERNEL_QUIET_CPU_S = 0.03
 _POLL_S = 0.2
 DONE = b"done\n"
 WATCHDOG_LOG = "watchdog.log"  # in logs/: what the watchdog did after the runner died
-
-
-def run_processes(token: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """(servers, others: the kernel and its helpers) of the run with this token, alive now."""
-    servers, others = [], []
-    me = os.getpid()
-    for p in psutil.process_iter():
-        if p.pid == me:
-            continue
-        try:
-            env = p.environ()
-            if env.get(RUN_TOKEN_ENV) != token or p.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except (psutil.Error, OSError):
-            continue
-        (servers if MARKER_ENV in env else others).append(p)
-    return servers, others
-
-
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
-def _send(procs: list[psutil.Process], sig: int) -> None:
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass
-
-
-def _wait(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    end = time.monotonic() + timeout_s
-    while (alive := _alive(procs)) and time.monotonic() < end:
-        time.sleep(_POLL_S)
-    return alive
-
-
-def stop(procs: list[psutil.Process], term_grace_s: float = TERM_GRACE_S) -> list[psutil.Process]:
-    """SIGTERM (and SIGCONT, for a stopped one), then SIGKILL what is left; returns the survivors."""
-    _send(procs, signal.SIGTERM)
-    _send(procs, signal.SIGCONT)
-    alive = _wait(procs, term_grace_s)
-    if alive:
-        _send(alive, signal.SIGKILL)
-        alive = _wait(alive, KILL_GRACE_S)
-    return alive
 
 
 def servers_gone_within(token: str, timeout_s: float) -> list[psutil.Process]:
@@ -138,7 +84,7 @@ def wait_quiet(procs: list[psutil.Process], timeout_s: float, quiet_s: float = K
     while True:
         time.sleep(quiet_s)
         now = _cpu_s(procs)
-        if now - before <= cpu_s or not _alive(procs):
+        if now - before <= cpu_s or not alive(procs):
             return round(time.monotonic() - t0, 2)
         if time.monotonic() >= end:
             return None
@@ -222,7 +168,7 @@ def guarded(run_dir: Path) -> Iterator[Guard]:
             raise KeyboardInterrupt(f"signal {name} (second)")
         guard.signal_name = name
         t0 = time.monotonic()
-        _send(_kernels(guard.token), signal.SIGINT)  # the running cell raises KeyboardInterrupt
+        send_signal(_kernels(guard.token), signal.SIGINT)  # the running cell raises KeyboardInterrupt
         left = servers_gone_within(guard.token, SERVER_STOP_BOUND_S)
         if left:
             survivors = stop(left)
@@ -296,9 +242,8 @@ def watch(runner_pid: int, run_dir: Path, token: str) -> int:
 
     def say(text: str) -> None:
         try:
-            with open(journal, "a", encoding="utf-8") as fh:
-                fh.write(f"{iso_utc(utc_now())} {text}\n")
-        except OSError:
+            append_line(journal, f"{iso_utc(utc_now())} {text}")
+        except (OSError, RunError):  # a full disk (DiskFullError): the manifest's mark still says it
             pass
 
     def mark(note: str, again: bool = False) -> None:
@@ -311,7 +256,7 @@ def watch(runner_pid: int, run_dir: Path, token: str) -> int:
     mark("the watchdog is stopping its processes")  # said at once, then how it went
     servers, others = run_processes(token)
     survivors = stop(servers)
-    others_left = stop(_alive(others) + run_processes(token)[1], term_grace_s=5.0)
+    others_left = stop(alive(others) + run_processes(token)[1], term_grace_s=5.0)
     gone_s = time.monotonic() - t0
     try:  # the kernel died with its units: their servers still get a record
         from specbook.store.runstore import RunContext

@@ -38,7 +38,7 @@ from specbook.engines.base import EngineConfig
 from specbook.executors import ExecutorParams, placement
 from specbook.experiments.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
 from specbook.experiments.registry import ExperimentSpec, register_experiment
-from specbook.run import resume
+from specbook.store.units import Units, done_units, register_units
 from specbook.workloads.params import WorkloadParams
 
 LEVELS = "levels"  # one row per (sweep, arm, level) window
@@ -46,7 +46,7 @@ REQUESTS = "requests"  # one row per request
 INTERVALS = "intervals"  # one row per engine log interval, tagged with its level window
 COUNTER = "counter_"  # prefix of a window's counter-delta counts (the acceptance model's columns)
 # A unit of work is one (sweep, arm) server; its level rows (appended last) say it finished.
-UNITS = resume.register_units("concurrency_curve", resume.Units(
+UNITS = register_units("concurrency_curve", Units(
     done_frame=LEVELS, key=("run_id",), frames=(LEVELS, REQUESTS, INTERVALS), server="run_id"))
 
 
@@ -172,7 +172,6 @@ def _requests(params: ConcurrencyCurveParams, draw: Any, level: int) -> list[Any
 def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
     from specbook import executors
     from specbook.core import progress
-    from specbook.run import resume
     from specbook.workloads import draw_workload
 
     w = params.workload
@@ -182,7 +181,7 @@ def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
     ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))
     m = params.measurement
     flush = 2.5 * m.log_stats_interval_s if m.flush_wait_s is None else m.flush_wait_s
-    done = resume.done_units(ctx, UNITS)
+    done = done_units(ctx, UNITS)
     units = []
     for order, (sweep, arm) in enumerate(interleaved_schedule(arms, params.sweeps)):
         run_id = run_name(order, sweep, arm)

@@ -45,7 +45,7 @@ from specbook.experiments.config_flip import flip
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.measure import costsplit
 from specbook.report import view as report_view
-from specbook.run import resume
+from specbook.store.units import Units, done_units, register_units, set_aside_folder
 from specbook.traces import tables as trace_tables
 
 FLIP_PLACEHOLDER = "@flip"
@@ -60,7 +60,7 @@ COST_SPLIT_FRAME = "cost_split"
 # pass), "profile" (its profiled pass). Its arms row (appended last, `server` naming it) says it finished. Runs
 # saved before kinds existed hold measured arms only, each server named as its arm (the callable default).
 UNIT_KINDS = ("measured", "trace", "profile")
-UNITS = resume.register_units("config_flip", resume.Units(
+UNITS = register_units("config_flip", Units(
     done_frame=ARMS_FRAME, key=("arm", "kind"),
     frames=(ARMS_FRAME, REQUESTS_FRAME, INTERVALS_FRAME, *trace_tables.FRAMES, COST_SPLIT_FRAME),
     server="server", key_defaults={"kind": "measured", "server": lambda frame: frame["arm"]}))
@@ -314,7 +314,7 @@ def _chat_requests(params: ConfigFlipParams, prefix: str = "p") -> list[Any]:
 def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
     """Build the arms, prove them one-field apart, serve each in turn and save frames as each ends.
 
-    A resumed run (specbook.run.resume) skips the arms the folder holds as done; the arm folders (links and one
+    A resumed run (specbook.store.units) skips the arms the folder holds as done; the arm folders (links and one
     edited file, made from the params) are built again."""
     import shutil
 
@@ -323,7 +323,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
     from specbook.measure import harness
     from specbook.measure.tracepass import traced_config
 
-    done = resume.done_units(ctx, UNITS)
+    done = done_units(ctx, UNITS)
     arms_root = Path(ctx.run_dir) / FLIP_DIRNAME
     if arms_root.exists():  # a resumed run: derived from the params, never measured data
         shutil.rmtree(arms_root)
@@ -355,7 +355,7 @@ def collect(params: ConfigFlipParams, ctx: Any) -> FlipData:
         for label, cfg in zip(labels, configs, strict=True):
             if params.traces and (label, "trace") not in done:
                 folder = Path(ctx.run_dir) / "traces" / f"{label}-trace"
-                resume.set_aside_folder(folder)  # a resumed run: the cut attempt's records are never read as these
+                set_aside_folder(folder)  # a resumed run: the cut attempt's records are never read as these
                 traced.append((folder.name, traced_config(cfg, folder)))
         ahead = _pairs_ahead(params, traced)
         # every arm's trace pass, then every arm's profiled pass: a trace server started ahead never sits beside

@@ -55,7 +55,7 @@ from specbook.experiments.cross_engine.timing import TimingSpec
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.measure import categories, costsplit
 from specbook.report import view as report_view
-from specbook.run import resume
+from specbook.store.units import Units, done_units, register_units, set_aside_folder
 from specbook.workloads.params import WorkloadParams
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ COST_SPLIT_FRAME = "cost_split"
 # trace pass), "profile" (the cost split's profiled pass), "equal_work" (diverged cells re-run on their common
 # prefix). Its servers row (appended last) says it finished; runs saved before kinds existed are all "timed".
 UNIT_KINDS = ("timed", "trace", "profile", "equal_work")
-UNITS = resume.register_units("cross_engine", resume.Units(
+UNITS = register_units("cross_engine", Units(
     done_frame=SERVERS_FRAME, key=("side", "lane", "kind"),
     frames=(REQUESTS_FRAME, CELLS_FRAME, SERVERS_FRAME, *cet.FRAMES, COST_SPLIT_FRAME, EQUAL_WORK_FRAME),
     server="server", key_defaults={"kind": "timed"}))
@@ -420,7 +420,7 @@ def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
 def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     """Check pins (abort before measuring), derive weights, then serve each lane on each side in turn.
 
-    A resumed run (specbook.run.resume) skips the side x lane x kind servers the folder holds as done."""
+    A resumed run (specbook.store.units) skips the side x lane x kind servers the folder holds as done."""
     from specbook.core import progress
 
     pins = check_all_pins(params)
@@ -433,7 +433,7 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
         ctx.save_json(WORKLOAD_JSON, drawn.selection)
     prompts = params.selected_prompts(drawn)
 
-    done = resume.done_units(ctx, UNITS)
+    done = done_units(ctx, UNITS)
     saved_cold = ctx.load_json(COLD_JSON) if done and (Path(ctx.data_dir) / f"{COLD_JSON}.json").exists() else []
     cold: list[dict[str, Any]] = [c for c in saved_cold if (c["side"], c["lane"], "timed") in done]
     units = progress.Units("cross-engine server", _planned_servers(params))  # console only (specbook.core.progress)
@@ -525,7 +525,7 @@ def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpe
         else:
             units.start(f"{label} ({which}, untimed trace pass, {len(prompts)} prompts)")
             folder = Path(ctx.run_dir) / "traces" / label
-            resume.set_aside_folder(folder)  # an unfinished earlier attempt's records: kept beside, never read
+            set_aside_folder(folder)  # an unfinished earlier attempt's records: kept beside, never read
             requests = [build_request(params, p) for p in prompts]
             extra = {"experiment": "cross_engine", "side": which, "lane": lane.name, "pass": "trace"}
             with harness.serve(traced_config(cfg, folder), ctx, label, extra=extra) as server:

@@ -32,7 +32,7 @@ from specbook.experiments.knob_ab.attribution import (
 )
 from specbook.experiments.knob_ab.params import KnobABParams, resolve_path
 from specbook.measure.categories import measure_by_category
-from specbook.run import resume
+from specbook.store.units import Units, done_units, register_units
 
 # Frames saved in data/ (one parquet each) and what they hold.
 RUNS = "runs"  # one row per (sweep, arm) server run
@@ -42,7 +42,7 @@ REQUESTS = "requests"  # one row per request, all runs
 LOOKS = "sequential_looks"  # adaptive sweeps: the stopping rule's looks (JSON)
 COUNTER = "counter_"  # prefix of a run's counter-delta counts (the acceptance model's columns)
 # A unit of work is one (sweep, arm) server run; its runs row (appended last) says it finished.
-UNITS = resume.register_units("knob_ab", resume.Units(
+UNITS = register_units("knob_ab", Units(
     done_frame=RUNS, key=("run_id",), frames=(RUNS, REQUESTS, INTERVALS, CATEGORIES), server="run_id", done_when={"status": "ok"}))
 
 
@@ -87,7 +87,7 @@ def _readable(field_name: str, value: str | None) -> Path | None:
 def collect(params: KnobABParams, ctx) -> KnobABData:
     """One fresh server per (sweep, arm), interleaved; each run's frames are saved before the next starts.
 
-    A resumed run (specbook.run.resume) skips the runs the folder holds as done: same schedule, same run ids."""
+    A resumed run (specbook.store.units) skips the runs the folder holds as done: same schedule, same run ids."""
     if params.mode == "ingest":
         return ingest(params, ctx)
     from specbook.core import progress
@@ -108,7 +108,7 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
     flush = params.measurement.flush_wait_s
     flush = 2.5 * params.measurement.log_stats_interval_s if flush is None else flush
 
-    done = resume.done_units(ctx, UNITS)
+    done = done_units(ctx, UNITS)
     units = []
     for order, (sweep, arm) in enumerate(schedule):
         run_id = run_name(order, sweep, arm)
