@@ -151,7 +151,7 @@ def test_a_server_does_not_outlive_a_launcher_killed_without_teardown():
 
     code = (
         "import subprocess, sys, time\n"
-        "from specbook.serve.server import _die_with_parent\n"
+        "from specbook.serve.launch import die_with_parent as _die_with_parent\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
         " start_new_session=True, preexec_fn=_die_with_parent)\n"
         "print(p.pid, flush=True)\n"
