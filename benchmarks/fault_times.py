@@ -7,16 +7,17 @@ What is measured (each on a fresh server through specbook's harness, in a child 
 kernel: the harness is called from inside a running event loop, as a notebook cell is, and SIGINT raises there):
   ctrl-c while hung   the server is SIGSTOPped 2 s into a measured window of streamed requests, SIGINT reaches the
                       child 1 s later: seconds until every server process is gone, and until the child has exited.
-                      The issue's figure is vLLM-CPU's (uvicorn waited for the client's open streams): 20.3 s
-                      servers gone, 24.7-25.4 s exit; documented: about 0.5 s.
+                      The issue's figure, printed beside it, is vLLM-CPU's (uvicorn waited for the client's open
+                      streams).
   hang in warm-up     the server is SIGSTOPped, then a warm-up `Server.send` with a stall bound of --stall s:
-                      seconds to ServerHungError (the issue: no error in 120 s).
+                      seconds to ServerHungError (the issue: no error while it waited).
   dead to failed      SIGKILL of the server 1.5 s into a window, with the runner's SPECBOOK_RUN_TOKEN in the
-                      environment as in a run: seconds until servers.jsonl records it `failed` (the issue: 8.4 s).
+                      environment as in a run: seconds until servers.jsonl records it `failed` (the issue's
+                      figure printed beside it).
   two runs together   two `specbook run knob_ab -f params/knob_ab/cpu-llamacpp.yaml` (1 sweep, 2 questions)
                       started in the same second with the host lock (a private lock file): what each did
                       (waited how long, for whom), their tok/s, then a third with --no-wait while one holds it.
-                      The issue: both `ok` at 4.5 tok/s against 42.1 alone, no warning anywhere.
+                      The issue: both `ok`, each far slower than alone, no warning anywhere.
 """
 
 from __future__ import annotations

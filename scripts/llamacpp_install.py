@@ -2,7 +2,8 @@
 
 usage: python scripts/llamacpp_install.py VENV_PYTHON PIN [CMAKE_ARGS]
 
-The sdist compiles llama.cpp at install, which is the longest step of a fresh clone's set-up on 2 cores. The
+The sdist compiles llama.cpp at install, the longest step of a fresh clone's set-up on a small CPU host
+(benchmarks/test_tiers.py times the set-up and says whether the cached build was reused). The
 wheel that build makes is kept outside the clone, in `$SPECBOOK_CACHE/llamacpp/<key>/` (default
 `~/.cache/specbook`), keyed by everything that decides what is built: the pin, the CMake flags, the Python tag
 and the machine. A later fresh clone on the same machine installs that wheel instead of compiling. Its identity
@@ -94,7 +95,7 @@ def install_cached(python: str, folder: Path) -> str | None:
 
 def build_and_cache(python: str, pin: str, cmake_args: str, folder: Path) -> str:
     # the sdist's setup.py runs `cmake --build -j$LLAMA_CPP_BUILD_JOBS`: unset, that is make without a job limit,
-    # dozens of compilers that thrash a 2-core host's memory; one job per core unless the caller chose
+    # one compiler per target at once, which thrashes a small host's memory; one job per core unless the caller chose
     env = {"LLAMA_CPP_BUILD_JOBS": str(os.cpu_count() or 2), **os.environ, "CMAKE_ARGS": cmake_args}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llamacpp-wheel-") as tmp:

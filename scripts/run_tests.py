@@ -3,7 +3,7 @@
 usage: python scripts/run_tests.py fast|full [--unit-workers N] [--junit-dir DIR] [PYTEST_ARGS...]
 
 Each tier is two pytest runs: the unit tests in parallel (pytest-xdist, one worker per core by default; they
-start no engine server), then the integration and e2e tests one at a time (real engine servers: on a 2-core
+start no engine server), then the integration and e2e tests one at a time (real engine servers: on a small
 machine two at once would measure each other). The fast tier leaves out tests marked `slow`; the full tier
 runs everything. The last line sums both runs ("fast: N passed, N failed, N skipped"), and the exit code
 is non-zero if either run failed or collected no test.

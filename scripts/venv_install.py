@@ -2,8 +2,8 @@
 
 usage: python scripts/venv_install.py VENV_PYTHON install|uninstall ARGS...
 
-uv installs the project's pinned set (constraints/cpu.txt), bytecode compiled as pip does, in 1 min 06 s where
-pip takes 3 min 45 s (2-core host, cold caches, both in one run of benchmarks/clone_to_report.py, 2026-12-01).
+uv installs the project's pinned set (constraints/cpu.txt), bytecode compiled as pip does, faster than pip
+(`benchmarks/clone_to_report.py --pip-reference` times both, cold, in one run).
 It is itself installed into the venv from the pin below. uv does not read pip's configuration, so the package
 sources pip is configured with (`pip config list`: files and PIP_* variables) are passed on, and several indexes
 are weighed as pip weighs them (best match). pip does the work where uv cannot (INSTALLER=pip, or uv fails: say,
@@ -52,8 +52,8 @@ def main(argv: list[str]) -> int:
         if os.path.exists(uv) or run([python, "-m", "pip", "install", "-q", UV_PIN]) == 0:
             sources = pip_sources(python) if verb == "install" else []
             # --compile-bytecode: as pip does. Without .pyc files every server start compiles vLLM and torch
-            # from source where the environment forbids writing them (PYTHONDONTWRITEBYTECODE): 75-80 s to
-            # ready instead of 35-40 s, measured on a fresh clone of this host.
+            # from source where the environment forbids writing them (PYTHONDONTWRITEBYTECODE), and that compile
+            # lands in every start's time to ready (benchmarks/server_start.py measures time to ready).
             compile_flag = ["--compile-bytecode"] if verb == "install" else []
             if run([uv, "pip", verb, "-q", "--python", python, *compile_flag, *sources, *args]) == 0:
                 return 0

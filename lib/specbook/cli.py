@@ -232,6 +232,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 # Parser
 
 
+OVERRIDE_HELP = "override a param: dotted key with list indices, YAML value (e.g. arms.0.env.X=1); repeatable"
+# argparse names no public type for what add_subparsers returns
+Subparsers = argparse._SubParsersAction
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specbook",
@@ -239,23 +244,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"specbook {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_command in (_add_run, _add_list, _add_render, _add_index, _add_diff, _add_check, _add_models,
+                        _add_ingest):
+        add_command(sub)
+    return parser
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(func=func)
-        return p
 
-    override_help = (
-        "override a param: dotted key with list indices, YAML value (e.g. arms.0.env.X=1); repeatable"
+def _command(sub: Subparsers, name: str, func: Callable[[argparse.Namespace], int],
+             help_: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_, description=help_)
+    p.set_defaults(func=func)
+    return p
+
+
+def _add_override(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP
     )
 
-    p = add("run", cmd_run, "run an experiment: start its servers, execute its notebook, render the report")
+
+def _add_run(sub: Subparsers) -> None:
+    p = _command(sub, "run", cmd_run, "run an experiment: start its servers, execute its notebook, render the report")
     p.add_argument("experiment", nargs="?", default=None,
                    help="experiment name (see params/<experiment>/); optional with --resume")
     p.add_argument("-f", "--params", dest="params_file", default=None, help="params YAML file")
-    p.add_argument(
-        "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
-    )
+    _add_override(p)
     p.add_argument("--outputs", default=None, help=OUTPUTS_HELP)
     p.add_argument("--notebook", default=None, help="run this notebook instead of the experiment's own")
     p.add_argument("--no-wait", action="store_true",
@@ -279,34 +292,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", default=None, metavar="ADDRESS",
                    help="join this Ray cluster ('auto', 'ray://HEAD:10001'); implies --executor ray")
 
-    p = add("list", cmd_list, "list run folders with their status")
+
+def _add_list(sub: Subparsers) -> None:
+    p = _command(sub, "list", cmd_list, "list run folders with their status")
     p.add_argument("--outputs", default=None, help=OUTPUTS_HELP)
     p.add_argument("--paths", action="store_true", help="show each run folder's path")
 
-    p = add(
-        "render", cmd_render, "re-execute a run's notebook on its saved data (no server) and re-render it"
+
+def _add_render(sub: Subparsers) -> None:
+    p = _command(
+        sub, "render", cmd_render, "re-execute a run's notebook on its saved data (no server) and re-render it"
     )
     p.add_argument("run_dir", help="the run folder")
     p.add_argument("--notebook", default=None, help="render with this notebook instead of the run's own")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
-    p = add("index", cmd_index, "write ROOT/index.html listing every run under ROOT (default: outputs/)")
+
+def _add_index(sub: Subparsers) -> None:
+    p = _command(sub, "index", cmd_index, "write ROOT/index.html listing every run under ROOT (default: outputs/)")
     p.add_argument("--root", default=None, help="folder of runs, e.g. docs/reports (default: as --outputs of run)")
 
-    p = add("diff", cmd_diff, "two runs of one experiment side by side: params, environment, headline verdicts")
+
+def _add_diff(sub: Subparsers) -> None:
+    p = _command(sub, "diff", cmd_diff,
+                 "two runs of one experiment side by side: params, environment, headline verdicts")
     p.add_argument("run_a", help="a run folder")
     p.add_argument("run_b", help="another run folder of the same experiment")
     p.add_argument("--html", default=None, metavar="PATH", help="also write the diff as an HTML page")
 
-    p = add("check", cmd_check, "validate a params file without running anything")
+
+def _add_check(sub: Subparsers) -> None:
+    p = _command(sub, "check", cmd_check, "validate a params file without running anything")
     p.add_argument("params_file", help="params YAML file")
     p.add_argument(
         "--experiment", default=None, help="experiment name (default: the params file's folder name)"
     )
-    p.add_argument(
-        "-p", "--param", dest="override", action="append", default=[], metavar="KEY=VALUE", help=override_help
-    )
+    _add_override(p)
 
+
+def _add_models(sub: Subparsers) -> None:
     models = sub.add_parser("models", help="embedded models", description="embedded models")
     models_sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
     p = models_sub.add_parser(
@@ -320,11 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gguf", default=None, metavar="PATH", help="use this local GGUF of the target")
     p.add_argument("--verify-only", action="store_true", help="re-hash the prepared models, make nothing")
 
-    p = add("ingest", cmd_ingest, "parse engine server logs or vLLM bench results into acceptance figures")
+
+def _add_ingest(sub: Subparsers) -> None:
+    p = _command(sub, "ingest", cmd_ingest, "parse engine server logs or vLLM bench results into acceptance figures")
     p.add_argument("files", nargs="+", metavar="PATH",
                    help="server log files, `vllm bench serve --save-result` files, `vllm bench sweep serve` folders")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
-    return parser
 
 
 def _log_to_stderr() -> None:

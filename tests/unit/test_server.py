@@ -151,7 +151,7 @@ def test_a_server_does_not_outlive_a_launcher_killed_without_teardown():
 
     code = (
         "import subprocess, sys, time\n"
-        "from specbook.serve.server import _die_with_parent\n"
+        "from specbook.serve.launch import die_with_parent as _die_with_parent\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
         " start_new_session=True, preexec_fn=_die_with_parent)\n"
         "print(p.pid, flush=True)\n"
@@ -234,3 +234,35 @@ def test_an_error_cut_to_size_keeps_the_line_that_names_the_cause():
     assert "OSError: [Errno 98] Address already in use" in lines and "  log: " in cut
     assert any(ln.strip().startswith("[... ") and "left out ...]" in ln for ln in lines)
     assert keep_cause("short error") == "short error"
+
+
+def test_the_names_others_import_from_server_stay_there():
+    """serve.server re-exports what moved to launch, teardown and logs: callers import them as before."""
+    import specbook.serve.launch as launch
+    import specbook.serve.logs as logs
+    import specbook.serve.server as server
+    import specbook.serve.teardown as teardown
+
+    for name in server.__all__:
+        assert hasattr(server, name), name
+    assert server.ServerSpec is launch.ServerSpec and server.MARKER_ENV == launch.MARKER_ENV
+    assert server.free_port is launch.free_port and server.tail_lines is logs.tail_lines
+    assert server.TERM_GRACE_S == teardown.TERM_GRACE_S and server.KILL_GRACE_S == teardown.KILL_GRACE_S
+
+
+def test_a_server_not_started_has_no_processes_and_no_exit_status(tmp_path):
+    srv = _plain(tmp_path, "never", "pass")
+    assert srv.poll() is None and srv.processes() == [] and srv.stopped_processes() == []
+    assert srv.cpu_seconds() == 0.0 and srv.process_count() == 0 and srv.surviving_pids() == []
+    srv.stop()  # nothing to stop: a no-op
+
+
+def test_a_running_server_lists_its_processes_and_its_exit_status_once_ended(tmp_path):
+    srv = _plain(tmp_path, "running", "import time; time.sleep(600)")
+    srv.start()
+    try:
+        assert srv.poll() is None
+        assert srv.pid in {p.pid for p in srv.processes()}
+    finally:
+        srv.stop()
+    assert srv.poll() is not None and srv.surviving_pids() == []

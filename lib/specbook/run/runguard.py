@@ -38,7 +38,8 @@ from specbook.serve.processes import alive, run_processes, send_signal, stop
 from specbook.serve.server import MARKER_ENV
 from specbook.store.manifest import iso_utc, read_manifest, utc_now, write_manifest
 
-# Longer than a server's own teardown (TERM 20 s + KILL 10 s): the kernel gets the first chance.
+# Longer than a server's own teardown (specbook.serve.teardown's TERM_GRACE_S + KILL_GRACE_S): the kernel gets
+# the first chance.
 SERVER_STOP_BOUND_S = 45.0
 UNIT_RECORD_BOUND_S = 15.0  # a Ray unit's server record after its server is gone (a log parse and one write)
 # After the servers are gone the interrupted cell still records them, writes its frames and formats its

@@ -1,7 +1,9 @@
-"""A server log read by byte range: what a window's requests made the server write, and what came before."""
+"""A server log read by byte range (what a window's requests made the server write, and what came before) or
+by its last lines."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,3 +41,15 @@ class LogRange:
     def text_before(self) -> str:
         """Everything the server wrote before the range (running totals are differenced against it)."""
         return read_log_range(self.path, 0, self.start)
+
+
+LOG_TAIL_LINES = 40
+
+
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    """The last `n` lines of a text file ('' if it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return "".join(deque(fh, maxlen=n)).rstrip("\n")
+    except FileNotFoundError:
+        return ""

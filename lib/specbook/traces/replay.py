@@ -41,8 +41,8 @@ def greedy_proposals(lm: Any, sequence: Sequence[int], anchors: Sequence[int], k
 
     One prefill of the sequence up to the last anchor, then per anchor, last first, the KV cache cut back to
     the anchor and k one-token greedy steps (argmax, as an engine's greedy draft): about len + anchors x k
-    forwards of one request, where a batched prefill per anchor cost anchors x len (about 10 min per traced
-    draft_model lane of the 24-prompt CPU cross-engine demo, 555 anchors, on 2 cores).
+    forwards of one request, where a batched prefill per anchor cost anchors x len: too slow for a traced
+    draft_model lane of the CPU cross-engine demo, whose long outputs give many anchors.
     """
     import torch
     from transformers import DynamicCache
