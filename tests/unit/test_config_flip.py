@@ -150,6 +150,73 @@ def test_launches_that_differ_besides_the_folder_are_refused():
         cf.assert_launches_differ_only_in_folder([base, other], ["a", "b"])
 
 
+def test_flip_arms_pair_each_folder_with_its_config_and_record_the_launch_masked(tmp_path, draft_dir):
+    from specbook.experiments.config_flip.arms import flip_arms
+
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir))
+    arms, record = flip_arms(params, tmp_path / "flip")
+    assert [(a.index, a.label, a.value) for a in arms] == [(0, "arm0-100000", "100000"), (1, "arm1-10000", "10000")]
+    assert [a.cfg.speculative_config["model"] for a in arms] == [str(a.folder.path) for a in arms]
+    assert record["diffs_vs_first_arm"] == {"arm1-10000": ["config.json:rope_theta: 100000 != 10000"]}
+    assert any(cf.FLIP_PLACEHOLDER in a for a in record["launch"]["argv"])
+    assert all(str(arms[0].folder.path) not in a for a in record["launch"]["argv"])
+
+
+# --- collection (no server: each unit stands in) ----------------------------------------------------------------
+
+
+def test_servers_start_in_pairs_only_with_starts_together_2():
+    from specbook.experiments.config_flip.collection import pairs_ahead
+
+    one = cf.ConfigFlipParams.model_validate(_params("/x"))
+    servers = [(f"s{i}", EngineConfig(model=f"/m{i}")) for i in range(3)]
+    assert pairs_ahead(one, servers) == {}
+    assert pairs_ahead(one.model_copy(update={"starts_together": 2}), servers) == {"s0": servers[1]}  # s2: alone
+
+
+def test_the_timed_window_follows_the_warmup_on_the_running_server(draft_dir):
+    from specbook.experiments.config_flip.collection import chat_requests, measure_arm, warmup_requests
+
+    class Server:  # the two calls measure_arm makes on a running harness.Server
+        def __init__(self):
+            self.calls = []
+
+        def send(self, requests):
+            self.calls.append(("send", [(r.prompt_id, r.max_tokens) for r in requests]))
+
+        def measure(self, requests, *, concurrency):
+            self.calls.append(("measure", [(r.prompt_id, r.max_tokens) for r in requests], concurrency))
+            return "window"
+
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir, warmup_requests=2, concurrency=3, max_tokens=16))
+    server = Server()
+    requests = chat_requests(params)
+    assert measure_arm(server, params, requests, warmup_requests(params)) == "window"
+    warm = ("send", [("warmup000", 8)])
+    assert server.calls == [warm, warm, ("measure", [("p000", 16), ("p001", 16), ("p002", 16)], 3)]
+
+
+def test_collect_runs_the_measured_units_then_the_traces_then_the_profiles_skipping_done_ones(
+        tmp_path, draft_dir, monkeypatch):
+    from specbook.experiments.config_flip import collection
+
+    params = cf.ConfigFlipParams.model_validate(_params(draft_dir, traces=True, cost_split=True))
+    ctx = RunContext(tmp_path / "run")
+    cut = ctx.run_dir / "traces" / "arm1-10000-trace"  # a cut attempt's trace records: set aside before the pass
+    cut.mkdir(parents=True)
+    (cut / "1.jsonl").write_text("{}\n")
+    ran = []
+    monkeypatch.setattr(collection, "done_units", lambda ctx, units: {("arm0-100000", "trace")})
+    for kind in ("measured", "trace", "profile"):
+        monkeypatch.setattr(collection, f"{kind}_unit", lambda p, c, arm, *a, kind=kind: ran.append((arm.label, kind)))
+    monkeypatch.setattr(collection, "load", lambda ctx: "data")
+    assert collection.collect(params, ctx) == "data"
+    assert ran == [("arm0-100000", "measured"), ("arm1-10000", "measured"), ("arm1-10000", "trace"),
+                   ("arm0-100000", "profile"), ("arm1-10000", "profile")]
+    assert not (cut / "1.jsonl").exists() and (cut.with_name("arm1-10000-trace.unfinished-1") / "1.jsonl").is_file()
+    assert ctx.load_json(cf.FLIP_JSON)["launch"]["argv"]
+
+
 # --- analysis -------------------------------------------------------------------------------------
 
 # Counter deltas per arm (the acceptance model's columns, positions from 1): arm1 collapsed.

@@ -1,0 +1,251 @@
+"""Config-flip collection: build the arms, then serve each arm's units of work and save their frames as each ends.
+
+Per arm, up to three units, each its own server and each a function of its own:
+    measured   `measured_unit`: a fresh server, warm-up, the timed window (`measure_arm`, on the running server)
+    trace      `trace_unit`: an untimed trace pass (params `traces`) on a server started with tracing on
+    profile    `profile_unit`: a profiled pass (params `cost_split`) on a server it starts from the arm's config
+Every arm's measured unit runs first, then every arm's trace pass, then every profiled pass: tracing and profiling
+slow a server down, so never in the timed one, and a trace server started ahead never sits beside a profiled one.
+A unit's row in the arms frame goes last: it marks the unit done for a resume (specbook.store.units).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from specbook.core import progress
+from specbook.engines import EngineConfig
+from specbook.experiments.config_flip import flip
+from specbook.experiments.config_flip.arms import FlipArm, flip_arms
+from specbook.experiments.config_flip.data import (
+    ARMS_FRAME,
+    COST_SPLIT_FRAME,
+    FLIP_DIRNAME,
+    FLIP_JSON,
+    INTERVALS_FRAME,
+    REQUESTS_FRAME,
+    UNITS,
+    FlipData,
+    keyed,
+    load,
+)
+from specbook.experiments.config_flip.params import ConfigFlipParams
+from specbook.measure import costsplit, harness
+from specbook.measure.harness import Server, Window
+from specbook.measure.tracepass import TraceSet, trace_pass, traced_config
+from specbook.serve.client import ChatRequest
+from specbook.store.runstore import RunContext
+from specbook.store.units import done_units, set_aside_folder
+from specbook.traces import tables as trace_tables
+
+EXPERIMENT = "config_flip"  # the servers' records name it (servers.jsonl `extra`)
+# With starts_together 2: for the first server of each pair, the (name, config) launched beside it.
+Ahead = dict[str, tuple[str, EngineConfig]]
+Done = set[tuple[str, str]]  # the (arm, kind) units a resumed run holds as done
+
+
+def collect(params: ConfigFlipParams, ctx: RunContext) -> FlipData:
+    """Build the arms, prove them one-field apart, serve each in turn and save frames as each ends.
+
+    A resumed run (specbook.store.units) skips the units the folder holds as done; the arm folders (links and one
+    edited file, made from the params) are built again."""
+    done: Done = done_units(ctx, UNITS)
+    arms_root = Path(ctx.run_dir) / FLIP_DIRNAME
+    if arms_root.exists():  # a resumed run: derived from the params, never measured data
+        shutil.rmtree(arms_root)
+    arms, record = flip_arms(params, arms_root)
+    ctx.save_json(FLIP_JSON, record)
+    requests = chat_requests(params)
+    units = progress.Units("config-flip server", planned_units(params))  # console only (specbook.core.progress)
+    try:
+        measured_units(params, ctx, arms, requests, done, units)
+        if params.traces:
+            trace_units(params, ctx, arms, requests, done, units)
+        if params.cost_split:
+            profile_units(params, ctx, arms, requests, done, units)
+    finally:
+        harness.discard_ahead()  # a failed arm or Ctrl-C: the next one's server is not needed
+    return load(ctx)
+
+
+def chat_requests(params: ConfigFlipParams, prefix: str = "p") -> list[ChatRequest]:
+    """The selected prompts as single-turn chats (the system prompt first where there is one)."""
+    out = []
+    for i, text in enumerate(params.selected_prompts()):
+        messages = [{"role": "system", "content": params.system_prompt}] if params.system_prompt else []
+        messages.append({"role": "user", "content": text})
+        out.append(ChatRequest(prompt_id=f"{prefix}{i:03d}", messages=messages, max_tokens=params.max_tokens))
+    return out
+
+
+def warmup_requests(params: ConfigFlipParams) -> list[ChatRequest]:
+    """The warm-up sent before a measured window: the first prompt, a few tokens."""
+    return chat_requests(params.model_copy(update={"num_prompts": 1, "max_tokens": 8}), prefix="warmup")
+
+
+def planned_units(params: ConfigFlipParams) -> int:
+    return len(params.flip.values) * (1 + params.traces + params.cost_split)
+
+
+def pairs_ahead(params: ConfigFlipParams, servers: list[tuple[str, EngineConfig]]) -> Ahead:
+    """With starts_together 2: for the first server of each pair, the (name, config) to launch beside it."""
+    if params.starts_together < 2:
+        return {}
+    return {servers[i][0]: servers[i + 1] for i in range(0, len(servers) - 1, 2)}
+
+
+def start_partner(ctx: RunContext, name: str, ahead: Ahead) -> None:
+    """Launch the server paired with `name` (if any) now, so that its start overlaps this one's."""
+    if name in ahead:
+        partner, cfg = ahead[name]
+        harness.start_ahead(cfg, ctx, partner)
+
+
+def done_row(arm: FlipArm, kind: str, server_name: str, ready_s: float | None) -> pd.DataFrame:
+    """The arms row that marks a trace or profiled pass done."""
+    return pd.DataFrame([{"arm": arm.label, "kind": kind, "server": server_name, "index": arm.index,
+                          "value": arm.value, "ready_s": ready_s}])
+
+
+# -- measured: the arm's timed window ------------------------------------------------------------------------
+
+
+def measured_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], requests: list[ChatRequest],
+                   done: Done, units: progress.Units) -> None:
+    """Every arm's measured unit in order (a done one skipped), servers started in pairs with starts_together 2."""
+    warmup = warmup_requests(params)
+    ahead = pairs_ahead(params, [(arm.label, arm.cfg) for arm in arms if (arm.label, "measured") not in done])
+    for arm in arms:
+        if (arm.label, "measured") in done:
+            units.skip(arm.label)
+            continue
+        measured_unit(params, ctx, arm, requests, warmup, units, ahead)
+
+
+def measured_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests: list[ChatRequest],
+                  warmup: list[ChatRequest], units: progress.Units, ahead: Ahead) -> None:
+    """One measured arm on its own server (its pair's partner launched beside it): warm-up, the window, then
+    its frames; the arms row last (it marks the arm done for a resume)."""
+    units.start(f"{arm.label} ({params.flip.field} = {arm.value})")
+    extra = {"experiment": EXPERIMENT, "field": params.flip.field, "value": arm.value,
+             "folder": str(arm.folder.path)}
+    start_partner(ctx, arm.label, ahead)
+    with harness.serve(arm.cfg, ctx, arm.label, extra=extra) as server:
+        window = measure_arm(server, params, requests, warmup)
+    save_measured(ctx, arm, window, server.ready_s)
+
+
+def measure_arm(server: Server, params: ConfigFlipParams, requests: list[ChatRequest],
+                warmup: list[ChatRequest]) -> Window:
+    """The arm's timed window on its running server: the warm-up requests (not measured), then the prompts."""
+    for _ in range(params.warmup_requests):
+        server.send(warmup)
+    return server.measure(requests, concurrency=params.concurrency)
+
+
+def save_measured(ctx: RunContext, arm: FlipArm, window: Window, ready_s: float | None) -> None:
+    """The measured arm's requests and log intervals, then its arms row: saved after every arm, so a later arm's
+    failure keeps what the earlier ones measured; the arms row goes last, it marks the arm done for a resume."""
+    folder = arm.folder
+    row = {
+        "arm": arm.label, "kind": "measured", "server": arm.label, "index": arm.index, "value": arm.value,
+        "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
+        "folder": str(folder.path), "requests": len(window.records), "elapsed_s": window.wall_s,
+        "ready_s": ready_s, **window.acceptance.counts(),
+    }
+    frame = window.requests_frame()
+    frame.insert(0, "arm", arm.label)
+    frame.insert(1, "value", arm.value)
+    frame["kind"] = "measured"
+    ctx.append_frame(REQUESTS_FRAME, frame)
+    intervals = window.log_intervals()
+    if len(intervals):
+        intervals.insert(0, "arm", arm.label)
+        intervals["kind"] = "measured"
+        ctx.append_frame(INTERVALS_FRAME, intervals)
+    ctx.append_frame(ARMS_FRAME, pd.DataFrame([row]))
+
+
+# -- trace: the arm's untimed trace pass -----------------------------------------------------------------------
+
+
+def trace_server_name(arm: FlipArm) -> str:
+    return f"{arm.label}-trace"
+
+
+def trace_folder(ctx: RunContext, arm: FlipArm) -> Path:
+    """Where the arm's trace pass leaves its records (the trace plugin's files)."""
+    return Path(ctx.run_dir) / "traces" / trace_server_name(arm)
+
+
+def trace_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], requests: list[ChatRequest],
+                done: Done, units: progress.Units) -> None:
+    """Every arm's trace pass in order (a done one skipped). The passes to run have their folders set aside first
+    (a resumed run: the cut attempt's records are never read as these), before any trace server starts."""
+    todo = [arm for arm in arms if (arm.label, "trace") not in done]
+    for arm in todo:
+        set_aside_folder(trace_folder(ctx, arm))
+    ahead = pairs_ahead(params, [(trace_server_name(arm), traced_config(arm.cfg, trace_folder(ctx, arm)))
+                                 for arm in todo])
+    for arm in arms:
+        if (arm.label, "trace") in done:
+            units.skip(trace_server_name(arm))
+            continue
+        trace_unit(params, ctx, arm, requests, units, ahead)
+
+
+def trace_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests: list[ChatRequest],
+               units: progress.Units, ahead: Ahead) -> None:
+    """The arm's untimed trace pass on its own server (tracing on), then its frames and done row."""
+    name, folder = trace_server_name(arm), trace_folder(ctx, arm)
+    traced = requests[: params.trace_num_prompts]
+    units.start(f"{name} (untimed trace pass, first {len(traced)} prompt(s))")
+    extra = {"experiment": EXPERIMENT, "field": params.flip.field, "value": arm.value, "pass": "trace"}
+    start_partner(ctx, name, ahead)
+    with harness.serve(traced_config(arm.cfg, folder), ctx, name, extra=extra) as server:
+        trace_set = trace_pass(server, traced, folder)
+    for frame_name, frame in trace_frames(trace_set, arm.cfg).items():
+        ctx.append_frame(frame_name, keyed(frame, arm.label, "trace"))
+    ctx.append_frame(ARMS_FRAME, done_row(arm, "trace", name, server.ready_s))
+
+
+def trace_frames(trace_set: TraceSet, cfg: EngineConfig) -> dict[str, pd.DataFrame]:
+    """A trace pass's frames; a traced draft_model arm adds the replay reference (its own draft folder, flipped
+    config included, run greedily in transformers: after its server is gone, never beside it)."""
+    frames = trace_tables.trace_set_frames(trace_set)
+    spec = cfg.speculative_config or {}
+    if trace_set.method == "draft_model" and trace_set.untraceable is None:
+        frames[trace_tables.TRACE_REFERENCE] = trace_tables.replay_for(
+            trace_set, str(spec["model"]), int(spec.get("num_speculative_tokens") or 1))
+    return frames
+
+
+# -- profile: the arm's profiled pass ---------------------------------------------------------------------------
+
+
+def profile_server_name(arm: FlipArm) -> str:
+    return f"{arm.label}-prof"
+
+
+def profile_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], requests: list[ChatRequest],
+                  done: Done, units: progress.Units) -> None:
+    """Every arm's profiled pass in order (a done one skipped)."""
+    for arm in arms:
+        if (arm.label, "profile") in done:
+            units.skip(profile_server_name(arm))
+            continue
+        profile_unit(params, ctx, arm, requests, units)
+
+
+def profile_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests: list[ChatRequest],
+                 units: progress.Units) -> None:
+    """The arm's profiled pass on a server of its own, started from the arm's config: its split, then its done row."""
+    name = profile_server_name(arm)
+    profiled = requests[: params.cost_split_num_prompts]
+    units.start(f"{name} (profiled pass, first {len(profiled)} prompt(s))")
+    split = costsplit.profiled_pass(arm.cfg, profiled, ctx, name=name, lane=arm.label)
+    ctx.append_frame(COST_SPLIT_FRAME, keyed(costsplit.splits_frame([split]), arm.label, "profile"))
+    ctx.append_frame(ARMS_FRAME, done_row(arm, "profile", name, None))
