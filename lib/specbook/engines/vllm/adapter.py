@@ -33,8 +33,8 @@ LOG_STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
 # vLLM's cache root: its torch.compile cache (torch_compile_cache/<config hash>/), into which vLLM also points
 # inductor's and Triton's (vllm/compilation/compiler_interface.py). One folder per machine, under specbook's
 # cache (SPECBOOK_CACHE moves the models and it together), shared by every server of a run and by later runs:
-# the 2nd..nth server of a run, and a later run, load compiled graphs instead of compiling them. A run folder
-# would lose it with each run and carry hundreds of MB of compiled code into reports.
+# the 2nd..nth server of a run, and a later run, load compiled graphs instead of compiling them. In a run folder
+# each run would start cold, and its compiled code would travel with the run's results into reports.
 CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
 COMPILE_CACHE_FOLDER = "vllm"
 # CUDA graph capture sizes (--cudagraph-capture-sizes, vLLM 0.26 and 0.32), in tokens per forward step. A
