@@ -240,3 +240,14 @@ def test_servers_table_of_the_h200_run_shows_each_start(tmp_path):
     assert table.loc["vllm-cuda-off", "start_up"].startswith("imports 18 s, spawn 36 s, setup 1.0 s")
     assert table.loc["llamacpp-cuda-off", "start_up"] == "imports 0.1 s, setup 0.0 s, weights 0.4 s, ready 0.6 s"
     assert pd.isna(table.loc["vllm-cuda-off-prof", "start_up"]) and table.loc["vllm-cuda-off-prof", "ready_s"] > 0
+
+
+def test_the_launcher_reads_when_its_process_started(tmp_path):
+    """A child's own reading of its start, against the moment the parent launched it (the harness's stamp)."""
+    import subprocess
+    import sys
+
+    launched = time.time()
+    said = subprocess.run([sys.executable, "-c", "from specbook.engines.vllm.cli import process_started_at as p; "
+                           "print(repr(p()))"], capture_output=True, text=True, check=True).stdout
+    assert launched - 0.05 <= float(said) <= time.time()  # a clock tick early at most, never after it answered

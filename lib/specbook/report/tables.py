@@ -49,7 +49,8 @@ def start_breakdown(startup: Mapping[str, Any], ready_s: float | None) -> dict[s
     """Seconds per part of a server's start (engines.base.START_PARTS, in order): the parts its log tells
     (`start_parts`) and what the harness's ready_s holds beyond them, put into `imports` where the log cannot
     tell when the process started (its first line is then where the parts begin), else into `ready` (the
-    readiness poll). {} where the log tells no part (runs recorded before start_parts, or a log that is gone)."""
+    readiness poll), never below 0 (a log clock that ran ahead of the harness's monotonic one). {} where the
+    log tells no part (runs recorded before start_parts, or a log that is gone)."""
     from specbook.engines.base import START_PARTS
 
     parts = {k: float(v) for k, v in (startup.get("start_parts") or {}).items() if isinstance(v, (int, float))}
