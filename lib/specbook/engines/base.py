@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAPABILITIES",
     "SETUP_ASPECTS",
+    "START_PARTS",
     "BenchReader",
     "DerivesWeights",
     "DescribesBuild",
@@ -72,6 +73,11 @@ class SetupFact(NamedTuple):
 # What a cross-engine report lines up side by side; a differing value is an asymmetry of the comparison.
 SETUP_ASPECTS = ("compute threads", "server processes", "concurrent sequences", "context per sequence", "weights",
                  "graphs / compilation", "speculation", "draft tokens per step")
+# Where a server's start went, in order: Engine.startup_facts' `start_parts` gives seconds per part, each engine
+# those its log tells (imports up to the first line, spawning the engine's processes, devices and workers,
+# weights, compilation, graph capture, KV cache with memory profiling and warm-up, ready to serve); the servers
+# table (specbook.report.tables.start_breakdown) adds what the harness's ready_s holds beyond them.
+START_PARTS = ("imports", "spawn", "setup", "weights", "compile", "graphs", "kv_cache", "ready")
 
 
 class EngineConfig(BaseModel):
@@ -182,7 +188,8 @@ class Engine(Protocol):
         ...
 
     def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
-        """What the server's log says of its start (attention backends, KV cache, load times); {} if nothing."""
+        """What the server's log says of its start (attention backends, KV cache, load times; `start_parts`:
+        seconds per part of START_PARTS it tells); {} if nothing."""
         ...
 
     def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,45 @@ def server_startup(s: ServerRecord, run_dir: str | os.PathLike[str] | None = Non
     engine = s.versions.get("engine")
     facts = startup_facts_of(engine, log) if engine and log is not None and log.is_file() else None
     return {**(s.startup or {}), **(facts or {})}
+
+
+def start_breakdown(startup: Mapping[str, Any], ready_s: float | None) -> dict[str, float]:
+    """Seconds per part of a server's start (engines.base.START_PARTS, in order): the parts its log tells
+    (`start_parts`) and what the harness's ready_s holds beyond them, put into `imports` where the log cannot
+    tell when the process started (its first line is then where the parts begin), else into `ready` (the
+    readiness poll), never below 0 (a log clock that ran ahead of the harness's monotonic one). {} where the
+    log tells no part (runs recorded before start_parts, or a log that is gone)."""
+    from specbook.engines.base import START_PARTS
+
+    parts = {k: float(v) for k, v in (startup.get("start_parts") or {}).items() if isinstance(v, (int, float))}
+    if not parts:
+        return {}
+    if ready_s is not None:
+        rest = ready_s - sum(parts.values())
+        into = "ready" if "imports" in parts else "imports"
+        parts[into] = max(parts.get(into, 0.0) + rest, 0.0)
+    order = {name: i for i, name in enumerate(START_PARTS)}
+    return {k: round(parts[k], 2) for k in sorted(parts, key=lambda k: order.get(k, len(order)))}
+
+
+_PART_LABELS = {"kv_cache": "KV cache"}
+
+
+def describe_start(parts: Mapping[str, float], startup: Mapping[str, Any] | None = None) -> str | None:
+    """`imports 27 s, spawn 21 s, setup 2.0 s, weights 1.7 s, compile 39 s (cache miss), graphs 2.0 s (4),
+    KV cache 7.1 s, ready 1.0 s`: the servers table's start_up cell (seconds to 0.1 below 10 s; the compile
+    cache's hit or miss and the number of graphs captured where the log says them); None without parts."""
+    if not parts:
+        return None
+    startup = startup or {}
+    notes = {"compile": f"cache {startup['compile_cache']}" if startup.get("compile_cache") else None,
+             "graphs": str(sum(startup["graphs_captured"].values())) if startup.get("graphs_captured") else None}
+    words = []
+    for name, seconds in parts.items():
+        label = _PART_LABELS.get(name, name)
+        text = f"{label} {seconds:.0f} s" if seconds >= 10 else f"{label} {seconds:.1f} s"
+        words.append(text + (f" ({notes[name]})" if notes.get(name) else ""))
+    return ", ".join(words)
 
 
 def host_summary(hardware: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +125,8 @@ def build_of(versions: dict[str, str]) -> str | None:
 
 
 def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str] | None = None) -> pd.DataFrame:
-    """One row per server: engine versions, the attention backends its log says target and draft used, start figures.
+    """One row per server: engine versions, the attention backends its log says target and draft used, start figures
+    (`start_up`: where its ready_s went, start_breakdown in words).
 
     With the run folder, the facts are read again from each server's log (so a better parser improves old
     runs too); without it, or when the log is gone, the facts recorded at the run are shown.
@@ -106,6 +147,7 @@ def servers_summary(servers: list[ServerRecord], run_dir: str | os.PathLike[str]
         row["kv_cache_tokens"] = facts.get("kv_cache_tokens")
         row["init_engine_s"] = facts.get("init_engine_s")
         row["ready_s"] = s.ready_s
+        row["start_up"] = describe_start(start_breakdown(facts, s.ready_s), facts)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -2,6 +2,13 @@
 
     I cmn          init: llama threadpool init, n_threads = 2
     I srv    load_model: initializing, n_slots = 1, n_ctx_slot = 2048, kv_unified = 'false'
+
+and where its seconds went (`start_parts`, on engines.base.START_PARTS), from the stamp each line starts with
+(minutes.seconds.milliseconds.microseconds on the logger's clock, which starts as the process begins logging):
+    0.00.015.551 I srv  llama_server: initializing ...                      imports: up to the first line
+    0.00.019.896 I srv    load_model: loading model '/root/.cache/...gguf'  setup
+    0.00.937.509 I srv  llama_server: model loaded                          weights (the draft's too)
+    0.00.937.523 I srv  llama_server: listening on http://127.0.0.1:42863   ready
 """
 
 from __future__ import annotations
@@ -13,12 +20,38 @@ from typing import Any
 
 _THREADS = re.compile(r"threadpool init, n_threads = (?P<n>\d+)")
 _SLOTS = re.compile(r"initializing, n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+)")
+_STAMP = re.compile(r"^(?P<min>\d+)\.(?P<s>\d\d)\.(?P<ms>\d\d\d)\.(?P<us>\d\d\d) [IWEDT] ")
+# the line each part of the start ends on, in order
+_PART_ENDS = (("imports", "llama_server: initializing"), ("setup", "load_model: loading model"),
+              ("weights", "llama_server: model loaded"), ("ready", "llama_server: listening on"))
+
+
+def _seconds(line: str) -> float | None:
+    m = _STAMP.match(line)
+    return int(m["min"]) * 60 + int(m["s"]) + int(m["ms"]) / 1e3 + int(m["us"]) / 1e6 if m else None
+
+
+def _start_parts(ends: dict[str, float]) -> dict[str, float]:
+    """Seconds per part from the stamps of the lines that end them; a part whose line is missing merges into the
+    next one."""
+    parts, previous = {}, 0.0
+    for name, _ in _PART_ENDS:
+        if name in ends:
+            parts[name] = round(max(ends[name] - previous, 0.0), 3)
+            previous = ends[name]
+    return parts
 
 
 def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
-    """n_threads (compute threads), n_slots and n_ctx_slot where the log says them; the first of each."""
+    """n_threads (compute threads), n_slots and n_ctx_slot where the log says them (the first of each), and
+    `start_parts`."""
     facts: dict[str, Any] = {}
+    ends: dict[str, float] = {}
     for line in lines:
+        if len(ends) < len(_PART_ENDS):
+            for name, words in _PART_ENDS:
+                if name not in ends and words in line and (when := _seconds(line)) is not None:
+                    ends[name] = when
         if "n_threads" in line and "n_threads" not in facts:
             m = _THREADS.search(line)
             if m:
@@ -27,8 +60,10 @@ def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
             m = _SLOTS.search(line)
             if m:
                 facts["n_slots"], facts["n_ctx_slot"] = int(m["slots"]), int(m["ctx"])
-        if len(facts) == 3:
+        if len(facts) == 3 and len(ends) == len(_PART_ENDS):
             break
+    if ends:
+        facts["start_parts"] = _start_parts(ends)
     return facts
 
 

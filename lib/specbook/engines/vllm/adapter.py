@@ -30,6 +30,24 @@ CLI_MODULE = "specbook.engines.vllm.cli"
 DEFAULT_LOG_STATS_INTERVAL_S = "1"  # many intervals for steady-state analysis (vLLM's default is 10)
 CPU_KVCACHE_GIB = "1"  # vLLM-CPU refuses to start without it
 LOG_STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
+# vLLM's cache root: its torch.compile cache (torch_compile_cache/<config hash>/), into which vLLM also points
+# inductor's and Triton's (vllm/compilation/compiler_interface.py). One folder per machine, under specbook's
+# cache (SPECBOOK_CACHE moves the models and it together), shared by every server of a run and by later runs:
+# the 2nd..nth server of a run, and a later run, load compiled graphs instead of compiling them. In a run folder
+# each run would start cold, and its compiled code would travel with the run's results into reports.
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
+COMPILE_CACHE_FOLDER = "vllm"
+# CUDA graph capture sizes (--cudagraph-capture-sizes, vLLM 0.26 and 0.32), in tokens per forward step. A
+# decode step of b sequences is b * (1 + k) tokens with k draft tokens each (vLLM's uniform_decode_query_len),
+# so no decode step exceeds max_num_seqs * (1 + k). vLLM 0.26 captures up to twice that by default
+# (vllm/config/vllm.py _set_cudagraph_sizes, then rounded up to multiples of 1 + k for speculation:
+# config/compilation.py adjust_cudagraph_sizes_for_spec_decode); specbook passes that same list cut after its
+# first size that holds the largest decode step, so every decode step pads to the graph it padded to before
+# and only the graphs above it, which just prefill steps could use, are no longer captured.
+CAPTURE_SIZES_FLAG = "--cudagraph-capture-sizes"
+MAX_CAPTURE_TOKENS = 512  # vLLM 0.26's default ceiling (no graph above it unless asked)
+# extra_args naming either spelling set the sizes themselves (the flags, or -cc / --compilation-config keys)
+_CAPTURE_SIZE_WORDS = ("cudagraph-capture-size", "cudagraph_capture_size")
 
 
 def _dtype_name(dtype: str | None) -> str:
@@ -58,6 +76,50 @@ def _speculative_config(cfg: EngineConfig) -> dict | None:
     if isinstance(spec.get("model"), str):
         spec["model"] = resolve_model(spec["model"])
     return spec
+
+
+def default_capture_sizes(max_num_seqs: int, per_step: int) -> list[int]:
+    """vLLM 0.26's own capture sizes for max_num_seqs sequences of `per_step` tokens each (1 + k): its grid (1,
+    2, 4, every 8th up to 256, every 16th above) up to min(max_num_seqs * per_step * 2, 512), rounded up to
+    multiples of per_step, those past the grid's largest dropped (as vLLM does for speculation)."""
+    ceiling = min(max_num_seqs * per_step * 2, MAX_CAPTURE_TOKENS)
+    grid = [n for n in (1, 2, 4) if n <= ceiling] + list(range(8, min(ceiling + 1, 256), 8))
+    grid += list(range(256, ceiling + 1, 16))
+    if per_step == 1:
+        return grid
+    rounded = {-(-n // per_step) * per_step for n in grid}  # each up to a multiple of per_step
+    return sorted(n for n in rounded if n <= grid[-1]) or ([per_step] if per_step <= grid[-1] else [])
+
+
+def capture_sizes(cfg: EngineConfig) -> tuple[list[int] | None, str]:
+    """The CUDA graph capture sizes (tokens per step) specbook passes vLLM, and why; None: none passed."""
+    if cfg.enforce_eager:
+        return None, "--enforce-eager: no graphs"
+    if is_cpu_build():
+        return None, "vLLM-CPU captures no graphs (it empties the sizes itself)"
+    if any(word in str(arg) for arg in cfg.extra_args for word in _CAPTURE_SIZE_WORDS):
+        return None, "extra_args set the capture sizes"
+    if cfg.max_num_seqs is None:
+        return None, "vLLM's default sizes (max_num_seqs unset)"
+    spec = cfg.speculative_config or {}
+    k = spec.get("num_speculative_tokens") if spec else 0
+    if not isinstance(k, int) or spec.get("num_speculative_tokens_per_batch_size") is not None:
+        return None, "vLLM's default sizes (draft tokens per step not fixed in speculative_config)"
+    per_step, sizes = 1 + k, []
+    for size in default_capture_sizes(cfg.max_num_seqs, per_step):
+        sizes.append(size)
+        if size >= cfg.max_num_seqs * per_step:
+            break
+    if not sizes:
+        return None, f"vLLM's default sizes (one step of {per_step} tokens exceeds {MAX_CAPTURE_TOKENS})"
+    return sizes, f"vLLM's sizes up to a decode step of {cfg.max_num_seqs} sequences x {per_step} tokens"
+
+
+def compile_cache_root() -> Path:
+    """vLLM's cache root for every server specbook starts (CACHE_ROOT_ENV's comment says why there)."""
+    from specbook.core.paths import cache_dir
+
+    return cache_dir() / COMPILE_CACHE_FOLDER
 
 
 @register_engine("vllm")
@@ -95,6 +157,9 @@ class VllmEngine:
             argv += ["--attention-backend", cfg.attention_backend]
         if cfg.enforce_eager:
             argv.append("--enforce-eager")
+        sizes, _ = capture_sizes(cfg)
+        if sizes:
+            argv += [CAPTURE_SIZES_FLAG, *map(str, sizes)]
         spec = _speculative_config(cfg)
         if spec is not None:
             argv += ["--speculative-config", json.dumps(spec, sort_keys=True)]
@@ -108,6 +173,8 @@ class VllmEngine:
         env = {LOG_STATS_INTERVAL_ENV: DEFAULT_LOG_STATS_INTERVAL_S, "VLLM_NO_USAGE_STATS": "1"}
         if is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in parent:
             env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KVCACHE_GIB
+        if CACHE_ROOT_ENV not in parent:  # a root the user chose is theirs
+            env[CACHE_ROOT_ENV] = str(compile_cache_root())
         env.update(cfg.env)
         return env
 
