@@ -225,9 +225,7 @@ def label(estimate: float, low: float, high: float, margin: float, *, level: flo
             else UNDECIDED)
     projection = None
     if word == UNDECIDED and se is not None and n is not None:
-        from specbook.experiments.knob_ab.sequential import (
-            project_sweeps,  # sequential reads this module's words
-        )
+        from specbook.core.sequential import project_sweeps  # sequential reads this module's words
 
         projection = project_sweeps(estimate, se, n, margin, ci=level, df_at=df_at, df_words=df_words,
                                     sequential=design)
@@ -256,6 +254,10 @@ def projection_text(p: Projection, lab: Label) -> str:
     return (f"At the observed noise (sd {signed(p.sd, lab.unit).lstrip('+')} per sweep, {p.sweeps_now} sweeps), the "
             f"estimate held at {lab.num(lab.estimate)}, it would {fit} and {zero}{seq}; projected by {p.method}"
             f"{rough}.")
+
+
+# A stated rule's kind, as the report names it ("meets the stated rule (equivalent)").
+RULE_NAMES = {"equivalence": "equivalent", "difference": "different"}
 
 
 def expectation_met(expected: str, word: str) -> bool | None:

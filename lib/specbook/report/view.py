@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specbook.core import verdicts
+
 # A table wider than this many columns is transposed (one column per row) when it has few rows, or split
 # into column groups that each repeat the key columns (the first group shown, the others folded).
 MAX_COLUMNS = 9
@@ -418,7 +420,7 @@ def with_toc(body: str) -> str:
 
 
 def verdict_html(verdict: Any) -> str:
-    """One comparison (specbook.experiments.knob_ab.decision Verdict / DifferenceVerdict): its label and why, then the stated rule's
+    """One comparison (a knob A/B decision's Verdict / DifferenceVerdict): its label and why, then the stated rule's
     outcome as its own line over a pass/fail list of the rule's criteria (each criterion's own text without the
     PASS/FAIL word the mark already shows)."""
     def body(c: Any) -> str:
@@ -429,11 +431,9 @@ def verdict_html(verdict: Any) -> str:
     lab = getattr(verdict, "label", None)
     head = f"{verdict.arm} vs {verdict.baseline}: {lab.verdict() if lab is not None else verdict.conclusion.upper()}"
     out = f"{_STYLE}<p><b>{_e(head)}</b>" + (f" ({_e(lab.interval_text())}). {_e(lab.why())}" if lab else "") + "</p>"
-    from specbook.experiments.knob_ab.decision import RULE_NAMES
-
     meets = getattr(verdict, "meets_rule", None)
     rule = "the stated rule" if meets is None else (
-        f"meets the stated rule ({RULE_NAMES.get(verdict.kind, verdict.kind)}): {'yes' if meets else 'no'}")
+        f"meets the stated rule ({verdicts.RULE_NAMES.get(verdict.kind, verdict.kind)}): {'yes' if meets else 'no'}")
     return out + criteria_html(rule, [(c.name, c.passed, body(c) + ("" if c.required else " (reported, not required)"))
                                       for c in verdict.criteria])
 

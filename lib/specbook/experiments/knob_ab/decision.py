@@ -120,7 +120,7 @@ class DifferenceVerdict:
         return "different" if self.different else "not shown different"
 
 
-RULE_NAMES = {"equivalence": "equivalent", "difference": "different"}
+RULE_NAMES = vocabulary.RULE_NAMES
 
 
 def comparison_label(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) -> vocabulary.Label:
