@@ -76,3 +76,58 @@ def test_a_killed_holder_frees_the_lock_and_no_lock_takes_none(lock_file, tmp_pa
         with hostlock.held(tmp_path / "beside", enabled=False) as off:  # --no-lock: beside the holder
             assert off.record() == {"mode": "off", "path": str(lock_file), "waited_s": 0.0, "waited_for": None}
         assert f"pid {__import__('os').getpid()}" in hostlock.holder(lock_file)
+
+
+LETTING_GO = r"""
+import fcntl, json, os, sys
+fh = open(sys.argv[1], "a+")
+fcntl.flock(fh, fcntl.LOCK_EX)
+fh.seek(0); fh.truncate(); fh.write(json.dumps({"pid": os.getpid(), "run_dir": sys.argv[2]})); fh.flush()
+print("held", flush=True)
+sys.stdin.readline()
+fh.seek(0); fh.truncate(); fh.flush()  # what a holder letting go does just before its flock goes
+print("emptied", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_waiter_keeps_the_holders_name_through_the_moment_it_lets_go(lock_file, tmp_path, monkeypatch):
+    proc = subprocess.Popen([sys.executable, "-c", LETTING_GO, str(lock_file), str(tmp_path / "first-run")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    saw_unknown, saw_name = threading.Event(), threading.Event()
+    read_holder = hostlock.holder
+
+    def watched(path=None):
+        who = read_holder(path)
+        if who == hostlock.UNKNOWN_HOLDER:
+            saw_unknown.set()
+        elif "first-run" in who:
+            saw_name.set()
+        return who
+
+    monkeypatch.setattr(hostlock, "holder", watched)
+    record: dict[str, object] = {}
+    got = threading.Event()
+
+    def second() -> None:
+        with hostlock.held(tmp_path / "second-run") as lock:
+            record.update(lock.record())
+            got.set()
+
+    t = threading.Thread(target=second)
+    t.start()
+    try:
+        assert saw_name.wait(30), "the waiter never read the holder's name"
+        proc.stdin.write("empty\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "emptied"
+        assert saw_unknown.wait(30), "the waiter never polled the emptied file"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert got.wait(30)
+        t.join(10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f"pid {proc.pid}" in str(record["waited_for"]) and "first-run" in str(record["waited_for"]), record

@@ -26,6 +26,7 @@ from specbook.core.errors import RunError
 LOCK_ENV = "SPECBOOK_HOST_LOCK"
 DEFAULT_LOCK = "/tmp/specbook-host.lock"
 _POLL_S = 0.25
+UNKNOWN_HOLDER = "a process that has not said who it is"
 
 
 class HostBusyError(RunError):
@@ -57,7 +58,7 @@ def holder(path: Path | None = None) -> str:
     except (OSError, ValueError):
         doc = {}
     if not doc.get("pid"):
-        return "a process that has not said who it is"
+        return UNKNOWN_HOLDER
     return f"pid {doc.get('pid')}, run folder {doc.get('run_dir')}"
 
 
@@ -97,7 +98,8 @@ def held(run_dir: Path, *, wait: bool = True, enabled: bool = True,
                     raise HostBusyError(f"another run holds the host lock {path} ({who}); its servers would "
                                         "measure against this run's: wait for it (run without --no-wait), or "
                                         "--no-lock to run anyway (recorded in the manifest)") from None
-                if who != waited_for:
+                # a holder letting go empties the file just before its flock goes: keep the name it said
+                if who != waited_for and not (waited_for and who == UNKNOWN_HOLDER):
                     waited_for = who
                     if say is not None:
                         say(f"waiting for the host lock {path}: held by {who}")
