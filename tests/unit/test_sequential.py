@@ -6,6 +6,7 @@ alpha / 2 (each TOST test at alpha / 2: the (1 - alpha) interval the labels read
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -340,3 +341,78 @@ def test_rule_names_its_spending_function():
     with pytest.raises(ValueError):
         DecisionRule(spending="linear")
     assert math.isclose(sq.spent_alpha(1.0, 0.1, DecisionRule(spending="pocock").spending), 0.1)
+
+
+# ------------------------------------------------------------------------------------------------
+# repeated intervals: a run whose sweeps the design chose is labelled from the design's interval
+
+SEQ_RUN = Path(__file__).resolve().parents[2] / "docs" / "reports" / "knob_ab-h200-attention-backend-both-seq"
+
+
+def test_a_sequential_run_that_did_not_decide_is_not_labelled_from_the_fixed_sample_interval(tmp_path):
+    """The H200 attention-backend run stopped at 5 sweeps of its 2..6 design with the look saying continue; the
+    fixed-sample paired t interval at 5 sweeps lies inside +/-1%, the design's repeated interval does not."""
+    import shutil
+
+    from specbook.core import stats, verdicts
+    from specbook.store.runstore import RunContext
+
+    if not (SEQ_RUN / "params.yaml").is_file():
+        pytest.fail(f"{SEQ_RUN} is missing: the committed H200 run this test reads")
+    run = Path(shutil.copytree(SEQ_RUN, tmp_path / "run"))
+    params = knob_ab.load_params_file(str(run / "params.yaml"))
+    data = knob_ab.load(RunContext.from_run_dir(run))
+    assert [lk["decision"] for lk in data.looks] == ["continue"] * 4 and data.looks[-1]["sweeps"] == 5
+
+    r = knob_ab.analyze(data, params)
+    (v,) = r.decision.verdicts
+    valued = r.decision.run_al[r.decision.run_al[r.decision.value_col].notna()]
+    fixed = stats.delta_vs_baseline(valued, "arm", r.decision.value_col, "baseline", margin_pct=1.0, ci=0.95,
+                                    sweep_col="sweep").iloc[0]
+    assert verdicts.is_inside(fixed["ci_low_pct"], fixed["ci_high_pct"], 1.0)  # what the label used to read
+    assert v.label.word == verdicts.UNDECIDED, v.label
+    assert v.label.low < -1.0 and v.label.low < fixed["ci_low_pct"] and v.label.high > fixed["ci_high_pct"]
+    # the interval is the delta +/- the look's recorded boundary x se
+    look = data.looks[-1]["comparisons"][0]
+    half = look["bound_difference"] * fixed["delta_se"] * 100 / fixed["baseline_mean"]
+    assert v.label.low == pytest.approx(fixed["delta_pct"] - half) and v.label.high == pytest.approx(
+        fixed["delta_pct"] + half)
+    (head,) = r.answer(params).headlines
+    assert head.verdict.startswith("UNDECIDED") and "repeated interval (look 4 of 5" in head.interval
+    assert not verdicts.check_headline(head), verdicts.check_headline(head)
+
+
+@pytest.mark.parametrize("spending", ["obrien_fleming", "pocock"])
+def test_the_repeated_interval_excludes_zero_exactly_when_the_look_shows_a_difference(spending):
+    from specbook.core import stats
+
+    rng = np.random.default_rng(7)
+    design = sq.Design(2, 6, 0.05, spending)
+    agreed = 0
+    for _ in range(60):
+        n = int(rng.integers(2, 7))
+        base = rng.normal(4.0, 0.05, n)
+        var = base + rng.normal(rng.choice([0.0, 0.04, 0.1]), 0.03, n)
+        frame = pd.DataFrame({"arm": ["baseline"] * n + ["v"] * n, "sweep": [*range(n), *range(n)],
+                              "al": [*base, *var]})
+        rows = sq.repeated_intervals(stats.delta_vs_baseline(frame, "arm", "al", "baseline", margin_pct=1.0,
+                                                             ci=0.95, sweep_col="sweep"), design)
+        row = rows.iloc[0]
+        look = sq.decide(base, var, margin_pct=1.0, alpha=0.05, sweeps_min=2, sweeps_max=6, spending=spending,
+                         paired=True)
+        excludes = row["ci_low"] > 0 or row["ci_high"] < 0
+        assert excludes == (abs(look.t_difference) >= look.boundaries.t_difference), (n, row, look)
+        assert f"look {n - 1} of 5" in row["ci_design"]
+        agreed += excludes
+    assert 0 < agreed < 60  # both outcomes were exercised
+
+
+def test_an_analysis_past_the_design_takes_its_nearest_look_and_says_so():
+    design = sq.Design(3, 5, 0.05, "obrien_fleming")
+    assert [design.look_at(n) for n in (1, 2, 3, 4, 5, 6, 9)] == [3, 3, 3, 4, 5, 5, 5]
+    frame = pd.DataFrame({"arm": ["baseline", "v"] * 2, "sweep": [0, 0, 1, 1], "al": [4.0, 4.1, 4.05, 4.12]})
+    from specbook.core import stats
+
+    rows = sq.repeated_intervals(stats.delta_vs_baseline(frame, "arm", "al", "baseline", margin_pct=1.0, ci=0.95,
+                                                         sweep_col="sweep"), design)
+    assert "look 1 of 3, the nearest to 2 sweeps" in rows.iloc[0]["ci_design"]

@@ -546,3 +546,60 @@ def decide_frame(per_run: pd.DataFrame, rule: DecisionRule, sweeps_min: int, swe
     decision = CONTINUE if n < sweeps_min else overall([lk.decision for lk in looks], n >= sweeps_max)
     return SequentialState(decision, n, sweeps_min, sweeps_max, rule.alpha, rule.spending, rule.tost_margin_pct,
                            value_col, looks, notes, PAIRED_METHOD if paired else WELCH_METHOD)
+
+
+@dataclass(frozen=True)
+class Design:
+    """A group-sequential design as it ran: looks after sweeps sweeps_min..sweeps_max, alpha spent by `spending`."""
+
+    sweeps_min: int
+    sweeps_max: int
+    alpha: float
+    spending: Spending
+
+    @classmethod
+    def of_look(cls, look: dict) -> Design:
+        """The design a recorded look (data/sequential_looks.json) ran under."""
+        return cls(int(look["sweeps_min"]), int(look["sweeps_max"]), float(look["alpha"]), look["spending"])
+
+    def look_at(self, n: int) -> int:
+        """The planned look whose boundary an analysis on n sweeps uses: fewer sweeps than the first look take
+        the first look's (the strictest under either spending), more than sweeps_max the last look's."""
+        return min(max(n, self.sweeps_min, 2), self.sweeps_max)
+
+
+def repeated_intervals(rows: pd.DataFrame, design: Design) -> pd.DataFrame:
+    """Comparison rows (stats.delta_vs_baseline) with each interval replaced by the design's repeated confidence
+    interval at its look: the delta +/- the look's difference boundary (t scale) x its se.
+
+    A run whose sweeps were chosen by looking at the data has no fixed-sample interval: the t interval at the
+    sweeps it stopped at ignores the alpha the earlier looks spent, and can lie inside the margin where the
+    design, at that same look, said continue. The repeated interval (Jennison & Turnbull) covers the delta at
+    every look at once with probability 1 - alpha, and its label agrees with the looks' stopping decisions.
+    `ci_design` says which look and boundary each row's interval took."""
+    out = rows.copy()
+    if out.empty:
+        return out.assign(ci_design=pd.Series(dtype=str))
+    planned = len(look_fractions(design.sweeps_min, design.sweeps_max))
+    designs = []
+    for i, row in out.iterrows():
+        n = int(min(row["n_baseline"], row["n_variant"]))
+        se, delta, df = float(row["delta_se"]), float(row["delta_abs"]), float(row["ci_df"])
+        if not (math.isfinite(se) and math.isfinite(delta)):
+            designs.append("")
+            continue
+        at = design.look_at(n)
+        b = boundaries_at(at, design.sweeps_min, design.sweeps_max, design.alpha, design.spending, df,
+                          paired=bool(row.get("paired", False)))
+        low, high = delta - b.t_difference * se, delta + b.t_difference * se
+        base = float(row["baseline_mean"])
+        out.loc[i, ["ci_low", "ci_high"]] = low, high
+        out.loc[i, ["ci_low_pct", "ci_high_pct"]] = (100.0 * low / base, 100.0 * high / base) if base else (
+            math.nan, math.nan)
+        out.loc[i, "ci"] = 1 - design.alpha
+        where = f"look {b.look} of {planned}" + (f", the nearest to {n} sweeps" if at != n else "")
+        designs.append(f"the sequential design's repeated interval ({where}: boundary {b.t_difference:.3g} x se, "
+                       f"{design.spending.replace('_', '-')} spending over sweeps {design.sweeps_min}.."
+                       f"{design.sweeps_max}), not the fixed-sample t's")
+    out["ci_design"] = designs
+    return out

@@ -13,6 +13,7 @@ import pandas as pd
 
 from specbook.core import acceptance, request_failures, stats, verdicts
 from specbook.core.errors import ExperimentError
+from specbook.core.sequential import Design
 from specbook.executors import placement
 from specbook.experiments.arms import BASELINE
 from specbook.experiments.knob_ab import decision, steady
@@ -154,6 +155,8 @@ def knob_ab_answer(result: KnobABResult, params: KnobABParams) -> report_view.Su
                       f" ({report_view.signed_pct(row['delta_pct'])})")
             method = (row["ci_method"] if row.get("paired", False)  # the method names its sweeps and df
                       else "Welch t" + (f" (df {row['ci_df']:.3g})" if pd.notna(row.get("ci_df")) else ""))
+            if str(row.get("ci_design") or ""):
+                method += f"; {row['ci_design']}"
         lab = v.label
         wanted = expected.get(name, "")
         heads.append(report_view.Headline(
@@ -452,8 +455,9 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
 
     rule = params.decision
     arm_summary = stats.arm_table(valued, "arm", value_col)
-    comparisons, judged = _judge(valued, value_col, BASELINE, rule, params)
-    knob_judged, knob_cmp = _knob_effects(valued, value_col, rule, params)
+    design = sweeps_design(data.looks, params)
+    comparisons, judged = _judge(valued, value_col, BASELINE, rule, params, design=design)
+    knob_judged, knob_cmp = _knob_effects(valued, value_col, rule, params, design=design)
     verdicts_all = judged + list(knob_judged)
     comparisons = pd.concat([comparisons, knob_cmp], ignore_index=True) if len(knob_cmp) else comparisons
 
@@ -532,15 +536,25 @@ def _expectation_of(arm_name: str, params: KnobABParams) -> str:
     return "different" if "different" in expects else "equivalent"
 
 
-def _judge(df, value_col, baseline, rule, params, arms=None, label=None):
-    """Deltas against `baseline` and a verdict per arm: a difference for arms expected to differ, else equivalence."""
+def sweeps_design(looks: list[dict], params: KnobABParams) -> Design | None:
+    """The group-sequential design the sweeps were chosen by: as the run's looks recorded it, else as the params
+    plan it (adaptive sweeps); None for a fixed number of sweeps."""
+    if looks:
+        return Design.of_look(looks[-1])
+    lo, hi = params.sweep_bounds()
+    return Design(lo, hi, params.decision.alpha, params.decision.spending) if hi > lo else None
+
+
+def _judge(df, value_col, baseline, rule, params, arms=None, label=None, design=None):
+    """Deltas against `baseline` and a verdict per arm: a difference for arms expected to differ, else equivalence;
+    under a sequential design, on its repeated intervals."""
     return decision.compare_and_decide(
         df, "arm", value_col, baseline, rule, arms=arms, sweep_col="sweep",
-        expectation=lambda arm: _expectation_of(label or arm, params),
+        expectation=lambda arm: _expectation_of(label or arm, params), design=design,
     )
 
 
-def _knob_effects(df, value_col, rule, params):
+def _knob_effects(df, value_col, rule, params, design=None):
     """Each knob's effect in the presence of every other knob combination (A+B vs B: does A still hold?)."""
     if not params.crossed:
         return [], pd.DataFrame()
@@ -555,7 +569,7 @@ def _knob_effects(df, value_col, rule, params):
             other = "+".join(rest)
             if other not in arms:
                 continue
-            rows, vs = _judge(df, value_col, other, rule, params, arms=[arm], label=knob.name)
+            rows, vs = _judge(df, value_col, other, rule, params, arms=[arm], label=knob.name, design=design)
             frames.append(rows)
             judged.extend(vs)
     return judged, (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specbook.core import verdicts as vocabulary
 from specbook.core.errors import ExperimentError
+from specbook.core.sequential import Design, repeated_intervals
 from specbook.core.stats import PAIRED_METHOD, WELCH_METHOD, ArmSummary, delta_vs_baseline, summarize
 
 
@@ -324,6 +325,8 @@ def evaluate_difference(rule: DecisionRule, row: Mapping[str, Any] | pd.Series) 
         body = f"{ci:.0%} Welch t CI of delta [{lo:.4g}, {hi:.4g}] (df {df:.3g}) {word} 0"
         if method != WELCH_METHOD:  # why it is not paired
             body += f"; {method.removeprefix(WELCH_METHOD + '; ')}"
+    if str(row.get("ci_design") or ""):
+        body += f"; {row['ci_design']}"
     crit = [Criterion("ci_excludes_zero", excl, lo if lo > 0 else hi, 0.0, _line("ci_excludes_zero", excl, body))]
     big = abs(delta_pct) > rule.tost_margin_pct
     crit.append(
@@ -378,6 +381,7 @@ def compare_and_decide(
     arms: Sequence[str] | None = None,
     expectation: Callable[[str], str] | None = None,
     sweep_col: str | None = None,
+    design: Design | None = None,
 ) -> tuple[pd.DataFrame, list[Verdict | DifferenceVerdict]]:
     """delta_vs_baseline with the rule's margin, then one verdict per variant arm.
 
@@ -386,6 +390,8 @@ def compare_and_decide(
     arms: compare only these variants (with the baseline); None: every arm in `df`.
     expectation: arm name -> "different" (judged by evaluate_difference, a positive control) or
     "equivalent" (judged by evaluate); None judges every arm for equivalence.
+    design: the group-sequential design the sweeps were chosen by; each interval (the label's and the difference
+    rule's) is then its repeated interval (sequential.repeated_intervals), not the fixed-sample t's.
     """
     if arms is not None:
         if arm_col not in df.columns:
@@ -397,6 +403,8 @@ def compare_and_decide(
         df = df[df[arm_col].isin([baseline, *arms])]
     rows = delta_vs_baseline(df, arm_col, value_col, baseline, margin_pct=rule.tost_margin_pct, ci=1 - rule.alpha,
                              sweep_col=sweep_col)
+    if design is not None:
+        rows = repeated_intervals(rows, design)
     base = summarize(df.loc[df[arm_col] == baseline, value_col])
     verdicts: list[Verdict | DifferenceVerdict] = []
     for _, row in rows.iterrows():
