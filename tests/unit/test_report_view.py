@@ -159,6 +159,14 @@ def test_summary_says_whether_the_run_was_resumed_from_the_manifest_parts(tmp_pa
     assert rv.run_parts(tmp_path) == {"status": "ok", "parts": 3, "resumed": 2, "renders": 0}
     assert "resumed 2 times (3 parts)" in rv.summary_html(_summary(), tmp_path)
     assert rv.run_parts(tmp_path / "nowhere") == {} and rv.collection_line({}) == ""
+    assert "stopped" not in rv.summary_html(_summary(), tmp_path)
+
+
+@pytest.mark.parametrize("status", ["interrupted", "abandoned", "failed"])
+def test_a_run_stopped_before_its_end_says_so_in_the_summary(tmp_path, status):
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": status, "parts": [{"started_at": "t"}]}))
+    assert (f"collected in one go (not resumed); the run was stopped before its end (status {status})"
+            in rv.summary_html(_summary(), tmp_path))
 
 
 def test_save_summary_writes_what_the_index_reads(tmp_path):

@@ -380,6 +380,8 @@ def test_a_sequential_run_that_did_not_decide_is_not_labelled_from_the_fixed_sam
     (head,) = r.answer(params).headlines
     assert head.verdict.startswith("UNDECIDED") and "repeated interval (look 4 of 5" in head.interval
     assert not verdicts.check_headline(head), verdicts.check_headline(head)
+    evidence = r.answer(params).evidence
+    assert "5 sweeps per arm (adaptive sweeps 2..6)" in evidence, evidence  # the run's bounds, not the description's
 
 
 @pytest.mark.parametrize("spending", ["obrien_fleming", "pocock"])

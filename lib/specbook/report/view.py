@@ -138,14 +138,22 @@ def run_parts(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
             "renders": len(doc.get("renders") or [])}
 
 
+STOPPED_STATUSES = ("interrupted", "failed", "abandoned")  # a manifest's status of a run that did not finish
+
+
 def collection_line(parts: Mapping[str, Any]) -> str:
-    """'collected in one go' / 'resumed 2 times (3 parts)'; '' when the manifest is missing."""
+    """'collected in one go' / 'resumed 2 times (3 parts)', and where the run was stopped before its end (a
+    report rendered later from what it measured) that it was; '' when the manifest is missing."""
     if not parts:
         return ""
     n = int(parts.get("resumed") or 0)
-    if n:
-        return f"resumed {n} time{'s' if n != 1 else ''} ({parts.get('parts')} parts)"
-    return "collected in one go (not resumed)"
+    line = (f"resumed {n} time{'s' if n != 1 else ''} ({parts.get('parts')} parts)" if n
+            else "collected in one go (not resumed)")
+    status = parts.get("status")
+    if status in STOPPED_STATUSES:
+        line += (f"; the run was stopped before its end (status {status}): the figures are what it measured "
+                 "until then")
+    return line
 
 
 # --------------------------------------------------------------------------------------------------

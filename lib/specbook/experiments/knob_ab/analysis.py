@@ -167,6 +167,9 @@ def knob_ab_answer(result: KnobABResult, params: KnobABParams) -> report_view.Su
     per_arm = run_al.loc[run_al[d.value_col].notna()].groupby("arm").size() if usable else pd.Series(dtype=int)
     sweeps = (f"{per_arm.min()} sweeps per arm" if len(per_arm) and per_arm.min() == per_arm.max()
               else f"{per_arm.min()}-{per_arm.max()} sweeps per arm" if len(per_arm) else "no usable sweep")
+    lo, hi = params.sweep_bounds()
+    if hi > lo:  # the params' description may name other bounds than the run's own (an override)
+        sweeps += f" (adaptive sweeps {lo}..{hi})"
     knobs = ", ".join(k.name for k in params.knobs)
     return report_view.Summary(
         question=f"Does each knob ({knobs}) move draft acceptance ({d.value_col}) beyond run-to-run noise? "
