@@ -227,3 +227,40 @@ def test_a_failing_unit_stops_the_server_started_ahead_for_the_next(tmp_path, mo
         executors.run_units(_paired_units(events, ["baseline", "a"], 1, fail="s0-baseline"),
                             RunContext(tmp_path / "run"), ExecutorParams(starts_together=2), done_frame="rows")
     assert events == [("ahead", "s0-a"), ("call", "s0-baseline"), ("discard",)]
+
+
+def test_the_ray_schedule_holds_later_sweeps_for_each_look_and_stops_submitting_when_told():
+    from specbook.executors import Unit
+    from specbook.executors.ray_cluster import _Schedule
+
+    units = [Unit(f"s{s}-{a}", f"s{s}-{a}", a, s, print) for s in range(3) for a in ("base", "knob")]
+    schedule = _Schedule(units, [0, 1] * 3, 2, look_after=lambda sweep: False, looks_from=2)
+    first = schedule.next_units()
+    assert [(slot, u.key) for slot, u in first] == [(0, "s0-base"), (1, "s0-knob")]
+    for slot, u in first:
+        schedule.in_flight[u.key] = (slot, u)
+    assert schedule.next_units() == []  # both slots busy
+    assert schedule.finished(schedule.in_flight.pop("s0-base")[1]) is None  # no look before sweep 2 of 2..
+    started = schedule.next_units()  # slot 0 free: sweep 1's unit may start (the gate is sweep 1's look)
+    assert [(slot, u.key) for slot, u in started] == [(0, "s1-base")]
+    schedule.in_flight["s1-base"] = started[0]
+    assert schedule.finished(schedule.in_flight.pop("s0-knob")[1]) is None
+    started = schedule.next_units()
+    assert [(slot, u.key) for slot, u in started] == [(1, "s1-knob")]
+    schedule.in_flight["s1-knob"] = started[0]
+    assert schedule.finished(schedule.in_flight.pop("s1-base")[1]) is None
+    assert schedule.next_units() == []  # sweep 2 waits for the look after sweep 1 (sweep index 1 = 2 sweeps)
+    assert schedule.finished(schedule.in_flight.pop("s1-knob")[1]) == 1  # sweep 1 complete: look now
+    schedule.stop = True
+    assert schedule.next_units() == []  # the look said stop: sweep 2 never starts
+
+
+def test_the_ray_schedule_without_looks_fills_every_free_slot():
+    from specbook.executors import Unit
+    from specbook.executors.ray_cluster import _Schedule
+
+    units = [Unit(f"u{i}", f"u{i}", "a", i, print) for i in range(4)]
+    schedule = _Schedule(units, [0, 1, 0, 1], 2, look_after=None, looks_from=None)
+    assert [u.key for _, u in schedule.next_units()] == ["u0", "u1"]
+    assert schedule.gate() is None and schedule.finished(units[0]) is None
+    assert [u.key for _, u in schedule.next_units()] == ["u2", "u3"]  # nothing was marked in flight

@@ -22,6 +22,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specbook.core import progress
@@ -135,11 +136,12 @@ def _init(ray: Any, params: ExecutorParams) -> bool:
 def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *, done_frame: str,
                look_after: Callable[[int], bool] | None, looks_from: int | None, what: str,
                gpus_hint: int = 1) -> Execution:
+    """Run `units` as Ray tasks, one per slot of a placement group at a time; adaptive sweeps: units of a later
+    sweep wait for the look after the one before (`look_after`, from sweep `looks_from` on)."""
     from specbook.executors import Execution
 
     ray = _ray()
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.placement_group import remove_placement_group
 
     from specbook.core.secrets import RUN_TOKEN_ENV
 
@@ -150,75 +152,41 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
         env[progress.ENV] = os.environ[progress.ENV]
     pg = None
     try:
-        cluster = describe_cluster(ray)
-        gpus = params.gpus_per_unit if params.gpus_per_unit is not None else (gpus_hint if cluster["gpus"] else 0)
-        cpus = params.cpus_per_unit
-        slots = _slot_count(params, cluster, gpus, cpus)
-        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-        cluster.update(slots=slots, bundle=bundle, address=params.address or "local instance",
-                       assignment=params.assignment)
-        ctx.save_json("executor", cluster)
-        pg = placement_group([dict(bundle) for _ in range(slots)], strategy="SPREAD" if gpus else "PACK")
-        ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise RunError(f"executor: Ray could not place {slots} slot(s) of {bundle} within "
-                           f"{PLACEMENT_TIMEOUT_S:.0f} s (cluster: {cluster['gpus']:g} GPU, {cluster['cpus']:g} CPU); "
-                           f"set executor.slots lower")
+        cluster, pg, slots = _place(ray, ctx, params, gpus_hint)
         arm_order = list(dict.fromkeys(u.arm for u in units))
-        slot_of = assign_slots([u.arm for u in units], [u.sweep for u in units], arm_order, slots, params.assignment)
-        queues: dict[int, deque[Unit]] = {s: deque() for s in range(slots)}
-        for unit, s in zip(units, slot_of, strict=True):
-            queues[s].append(unit)
-        remote = ray.remote(unit_task)
+        slot_of = assign_slots([u.arm for u in units], [u.sweep for u in units], arm_order, slots.count,
+                               params.assignment)
+        schedule = _Schedule(units, slot_of, slots.count, look_after, looks_from)
         done = Execution(cluster=cluster)
-        progress.note(f"Ray: {slots} slot(s) of {bundle} on {len(cluster['nodes'])} node(s); "
+        progress.note(f"Ray: {slots.count} slot(s) of {slots.bundle} on {len(cluster['nodes'])} node(s); "
                       f"{len(units)} {what}(s)")
-        sweeps_left = {}
-        for u in units:
-            sweeps_left[u.sweep] = sweeps_left.get(u.sweep, 0) + 1
-        looked: set[int] = set()
-        in_flight: dict[Any, tuple[int, Unit]] = {}
-        stop = False
-
-        def gate() -> int | None:
-            """Units of sweeps after this one wait for its look (adaptive sweeps); None: no gate."""
-            if look_after is None or looks_from is None:
-                return None
-            pending = [s for s in sorted(sweeps_left) if s + 1 >= looks_from and s not in looked]
-            return pending[0] if pending else None
+        remote = ray.remote(unit_task)
 
         def submit_ready() -> None:
-            g = gate()
-            busy = {slot for slot, _ in in_flight.values()}
-            for slot, q in queues.items():
-                if slot in busy or not q or stop or (g is not None and q[0].sweep > g):
-                    continue
-                unit = q.popleft()
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            for slot, unit in schedule.next_units():
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=slot)
-                ref = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
+                ref = remote.options(num_cpus=slots.cpus, num_gpus=slots.gpus, max_retries=0,
                                      scheduling_strategy=strategy).remote(unit.call, unit.key, token, slot, env)
-                in_flight[ref] = (slot, unit)
+                schedule.in_flight[ref] = (slot, unit)
                 progress.note(f"{what} {unit.label}: started on slot {slot}")
 
         try:
             submit_ready()
-            while in_flight:
-                ready_refs, _ = ray.wait(list(in_flight), num_returns=1)
-                ref = ready_refs[0]
-                slot, unit = in_flight.pop(ref)
-                _finish(ray, ref, unit, ctx, done, done_frame, token)
+            while schedule.in_flight:
+                ready_refs, _ = ray.wait(list(schedule.in_flight), num_returns=1)
+                slot, unit = schedule.in_flight.pop(ready_refs[0])
+                _finish(ray, ready_refs[0], unit, ctx, done, done_frame, token)
                 progress.note(f"{what} {len(done.ran) + len(done.failed)}/{len(units)}: {unit.key} "
                               f"{'FAILED' if unit.key in done.failed else 'done'} (slot {slot})")
-                sweeps_left[unit.sweep] -= 1
-                g = gate()
-                if g is not None and all(n == 0 for s, n in sweeps_left.items() if s <= g):
-                    looked.add(g)
-                    if not done.failed and look_after is not None and look_after(g):
-                        done.stopped_after_sweep = g
-                        stop = True
+                look = schedule.finished(unit)
+                if look is not None and not done.failed and look_after is not None and look_after(look):
+                    done.stopped_after_sweep = look
+                    schedule.stop = True
                 submit_ready()
         except KeyboardInterrupt:
-            _cancel(ray, in_flight, ctx, done_frame, token)
+            _cancel(ray, schedule.in_flight, ctx, done_frame, token)
             raise
         if done.failed:
             names = "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in done.failed.items())
@@ -232,6 +200,89 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
                 remove_placement_group(pg)
         if started:
             ray.shutdown()
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """The placement group's slots: how many, and what each holds."""
+
+    count: int
+    bundle: dict[str, float]
+    gpus: float
+    cpus: float
+
+
+def _place(ray: Any, ctx: RunContext, params: ExecutorParams, gpus_hint: int) -> tuple[dict[str, Any], Any, _Slots]:
+    """The cluster as seen (saved as data/executor.json) and a placement group of its slots, placed."""
+    from ray.util.placement_group import placement_group
+
+    cluster = describe_cluster(ray)
+    gpus = params.gpus_per_unit if params.gpus_per_unit is not None else (gpus_hint if cluster["gpus"] else 0)
+    cpus = params.cpus_per_unit
+    count = _slot_count(params, cluster, gpus, cpus)
+    bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    cluster.update(slots=count, bundle=bundle, address=params.address or "local instance",
+                   assignment=params.assignment)
+    ctx.save_json("executor", cluster)
+    pg = placement_group([dict(bundle) for _ in range(count)], strategy="SPREAD" if gpus else "PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        with contextlib.suppress(Exception):
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(pg)
+        raise RunError(f"executor: Ray could not place {count} slot(s) of {bundle} within "
+                       f"{PLACEMENT_TIMEOUT_S:.0f} s (cluster: {cluster['gpus']:g} GPU, {cluster['cpus']:g} CPU); "
+                       f"set executor.slots lower")
+    return cluster, pg, _Slots(count, bundle, gpus, cpus)
+
+
+class _Schedule:
+    """Which unit runs next where: a queue per slot, a slot takes its next unit when free; with looks (adaptive
+    sweeps), units of a later sweep wait until the sweep before has been looked at; `stop` ends submitting."""
+
+    def __init__(self, units: Sequence[Unit], slot_of: Sequence[int], slots: int,
+                 look_after: Callable[[int], bool] | None, looks_from: int | None):
+        self.queues: dict[int, deque[Unit]] = {s: deque() for s in range(slots)}
+        for unit, s in zip(units, slot_of, strict=True):
+            self.queues[s].append(unit)
+        self.sweeps_left: dict[int, int] = {}
+        for u in units:
+            self.sweeps_left[u.sweep] = self.sweeps_left.get(u.sweep, 0) + 1
+        self.looks = look_after is not None and looks_from is not None
+        self.looks_from = looks_from or 0
+        self.looked: set[int] = set()
+        self.in_flight: dict[Any, tuple[int, Unit]] = {}
+        self.stop = False
+
+    def gate(self) -> int | None:
+        """The sweep whose look units of later sweeps wait for; None: no gate."""
+        if not self.looks:
+            return None
+        pending = [s for s in sorted(self.sweeps_left) if s + 1 >= self.looks_from and s not in self.looked]
+        return pending[0] if pending else None
+
+    def next_units(self) -> list[tuple[int, Unit]]:
+        """(slot, unit) for every free slot whose next unit may start now, taken off its queue."""
+        if self.stop:
+            return []
+        g = self.gate()
+        busy = {slot for slot, _ in self.in_flight.values()}
+        out = []
+        for slot, q in self.queues.items():
+            if slot in busy or not q or (g is not None and q[0].sweep > g):
+                continue
+            out.append((slot, q.popleft()))
+        return out
+
+    def finished(self, unit: Unit) -> int | None:
+        """Count `unit` done; the sweep to look at now that every unit up to it is done, else None."""
+        self.sweeps_left[unit.sweep] -= 1
+        g = self.gate()
+        if g is not None and all(n == 0 for s, n in self.sweeps_left.items() if s <= g):
+            self.looked.add(g)
+            return g
+        return None
 
 
 def _finish(ray: Any, ref: Any, unit: Unit, ctx: RunContext, done: Execution, done_frame: str, token: str) -> None:

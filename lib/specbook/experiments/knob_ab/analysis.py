@@ -369,119 +369,28 @@ def adaptive_sweeps_note(looks: list[dict], runs: pd.DataFrame) -> str:
 
 
 def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
+    """The knob A/B's analysis, stage by stage: the usable runs, each attributed to the arm it really ran, their
+    intervals cut to the steady state, one AL per run, the comparisons and their labels, the cross-checks."""
     notes: list[str] = []
-    runs = data.runs[data.runs["status"].isin(["ok", "ingested"])].copy()
-    if data.looks:
-        notes.append(adaptive_sweeps_note(data.looks, runs))
-    if data.run_dir is not None:
-        runs = attention_backends_from_logs(runs, data.run_dir, params.engine.engine)
-    failures = request_failure_table(data, runs, params.measurement.max_failed_requests)
-    over = request_failures.left_out(failures, ["run_id"])
-    if over:
-        notes.append(f"{len(over)} run(s) left out for failed requests (see the failed-requests table): "
-                     + "; ".join(f"{run_id}: {why}" for run_id, why in over.items()))
-        runs = runs[~runs["run_id"].isin(list(over))]
-    if runs.empty:
-        raise ExperimentError("no successful run to analyse" + (f" ({len(over)} left out for failed requests, "
-                                                                f"more than {request_failures.FIELD})" if over else ""))
-    attr = attribute_runs(runs, params)
-    flagged = attr[~attr["matches_declared"] | attr["arm"].isna()]
-    if len(flagged):
-        notes.append(f"{len(flagged)} run(s) ran with an env/args that differ from their declared arm; "
-                     "they are analysed under the arm they really ran (or left out if unattributable).")
-    arm_of = arm_of_run(attr)
-    runs["arm"] = runs["run_id"].map(arm_of)
-    runs = runs[runs["arm"].notna()]
-
-    iv = data.intervals[data.intervals["run_id"].isin(runs["run_id"])].copy()
-    no_cut = ""
-    if not steady.has_interval_columns(iv):
-        # llama.cpp logs per request, not per stats interval: no load cut; its AL comes from the counters
-        no_cut = ("the engine's log has no stats intervals (llama.cpp logs draft statistics per request), so there "
-                  "is no steady-state cut; AL comes from the /metrics counter deltas of each run (counter_al)")
-        notes.append(no_cut)
-        iv = steady.empty_intervals().assign(run_id=pd.Series(dtype=str))
-    iv["arm"] = iv["run_id"].map(arm_of)
+    runs, failures = _usable_runs(data, params, notes)
+    attr, flagged, arm_of, runs = _attributed(runs, params, notes)
+    iv, no_cut = _arm_intervals(data, runs, arm_of, notes)
     conc = params.workload.concurrency
     st = steady.steady_state_filter(iv, conc, params.steady_state.min_running_fraction)
     reasons = st.dropped.assign(phase=st.dropped["reason"].str.split(":").str[0])
     drop_reasons = (reasons.groupby(["run_id", "phase"]).size().unstack(fill_value=0).reset_index()
                     if len(reasons) else pd.DataFrame(columns=["run_id"]))
-    counts = st.counts.set_index("run_id")
-    run_al = runs[["run_id", "arm", "sweep", "order"]].copy()
-    run_al["steady_log_al"] = run_al["run_id"].map(counts["al_kept"])
-    run_al["all_intervals_log_al"] = run_al["run_id"].map(
-        {rid: steady.weighted_al(p) for rid, p in iv.groupby("run_id")})
-    run_al["intervals_kept"] = run_al["run_id"].map(counts["kept"])
-    run_al["intervals_total"] = run_al["run_id"].map(counts["intervals"])
-    if f"{COUNTER}drafts" in runs:
-        run_al["counter_al"] = [run_acceptance(r).al for _, r in runs.iterrows()]
-    for col in ("tok_s", "wall_s", "completion_tokens", "ready_s", "correct", "total"):
-        if col in runs:
-            run_al[col] = runs[col].to_numpy()
-    graded = answered_accuracy(data.requests)
-    for col in ("correct", "total"):  # graded over the answers; runs saved before failures counted them wrong
-        if col in run_al and len(graded):
-            run_al[col] = run_al["run_id"].map(graded[col]).fillna(run_al[col])
-    if "correct" in run_al:
-        run_al["accuracy"] = run_al["correct"] / run_al["total"]
-
-    value_col = params.measurement.primary
-    if value_col not in run_al or run_al[value_col].isna().all():
-        raise ExperimentError(f"measurement.primary={value_col!r} is not available for these runs "
-                              f"(ingested logs have no counters: use steady_log_al)")
-    if run_al[value_col].isna().any():
-        bad = run_al.loc[run_al[value_col].isna(), "run_id"].tolist()
-        notes.append(f"runs without a {value_col} (no steady interval) are left out: {bad}")
-    valued = run_al[run_al[value_col].notna()]
-
+    run_al = _run_al(data, runs, iv, st)
+    value_col, valued = _valued(run_al, params, notes)
     sens = steady.cut_sensitivity(iv, conc, params.steady_state.sensitivity)
-    base_iv = iv[iv["arm"] == BASELINE]
-    thr = params.steady_state.crude_al_threshold
-    if thr is None:
-        thr = steady.weighted_al(base_iv if len(base_iv) else iv)
-    crude = steady.crude_al_threshold_cut(iv, thr)
-    crude_runs = crude.counts.set_index("run_id")
-    cmp_rows = []
-    for arm, part in valued.groupby("arm", sort=False):
-        ids = part["run_id"]
-        crude_part = crude_runs.reindex(ids)
-        cmp_rows.append({
-            "arm": arm,
-            "all intervals": float(part["all_intervals_log_al"].mean()),
-            "load cut (steady)": float(part["steady_log_al"].mean()),
-            f"crude cut (AL <= {thr:.3f})": float(crude_part["al_kept"].mean()),
-            "intervals dropped by load cut": int((part["intervals_total"] - part["intervals_kept"]).fillna(0).sum()),
-            "intervals dropped by crude cut": int(crude_part["dropped_high_al"].fillna(0).sum()),
-        })
-    crude_vs_load = pd.DataFrame(cmp_rows)
-
-    rule = params.decision
-    arm_summary = stats.arm_table(valued, "arm", value_col)
-    design = sweeps_design(data.looks, params)
-    comparisons, judged = _judge(valued, value_col, BASELINE, rule, params, design=design)
-    knob_judged, knob_cmp = _knob_effects(valued, value_col, rule, params, design=design)
-    verdicts_all = judged + list(knob_judged)
-    comparisons = pd.concat([comparisons, knob_cmp], ignore_index=True) if len(knob_cmp) else comparisons
-
-    interaction, inter_text = None, ""
-    if params.crossed and len(params.knobs) == 2:
-        a, b = (k.name for k in params.knobs)
-        arms_present = set(valued["arm"])
-        if {BASELINE, a, b, f"{a}+{b}"} <= arms_present:
-            inter = stats.interaction_2x2(valued, "arm", value_col, a, b, f"{a}+{b}", BASELINE,
-                                          ci=1 - rule.alpha, sweep_col="sweep")
-            interaction, inter_text = inter.to_frame(), interaction_text(inter, rule)
-    elif params.crossed and len(params.knobs) > 2:
-        notes.append("interaction is reported for two crossed knobs only")
-
+    thr, crude, crude_vs_load = _crude_vs_load(iv, valued, params)
+    decided = _decide(valued, value_col, run_al, data.looks, params, notes)
     notes += backend_knob_reach(runs, params)
     recon = reconcile_log_with_counters(runs, iv)
     if len(recon) and not recon["log_matches_counters"].all():
         short = recon.loc[~recon["log_matches_counters"], "run_id"].tolist()
         notes.append(f"the server log and /metrics disagree for {short}: their log-based AL misses part of the "
                      "window (see the reconciliation table); counter_al covers the whole run")
-
     accuracy = (stats.accuracy_by_arm(valued.dropna(subset=["correct"]), "arm")
                 if "correct" in valued and valued["correct"].notna().any() else pd.DataFrame())
     accuracy_why = "" if len(accuracy) else no_accuracy_reason(params, graded="correct" in valued)
@@ -500,9 +409,7 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         attribution=AttributionReport(attr, flagged),
         steady=SteadyReport(st, drop_reasons, sens, sensitivity_table(sens), crude, crude_vs_load, thr,
                             steady.explain_crude_cut_bias(), intervals_with_arm(iv, arm_of), no_cut),
-        decision=DecisionReport(rule.describe(), value_col, run_al, arm_summary, comparisons, verdicts_all,
-                                decision.verdict_table(verdicts_all), _knob_verdict_summary(verdicts_all, params),
-                                interaction, inter_text, verdict_vocabulary(rule)),
+        decision=decided,
         accuracy=accuracy,
         per_position=per_pos,
         per_position_table=per_position_table(per_pos),
@@ -517,6 +424,135 @@ def analyze(data: KnobABData, params: KnobABParams) -> KnobABResult:
         accuracy_lead=accuracy_lead(accuracy, accuracy_why, params),
         arms=arms,
     )
+
+
+def _usable_runs(data: KnobABData, params: KnobABParams, notes: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs that finished (or were ingested), less those with more failed requests than the bound; the
+    failed-requests table."""
+    runs = data.runs[data.runs["status"].isin(["ok", "ingested"])].copy()
+    if data.looks:
+        notes.append(adaptive_sweeps_note(data.looks, runs))
+    if data.run_dir is not None:
+        runs = attention_backends_from_logs(runs, data.run_dir, params.engine.engine)
+    failures = request_failure_table(data, runs, params.measurement.max_failed_requests)
+    over = request_failures.left_out(failures, ["run_id"])
+    if over:
+        notes.append(f"{len(over)} run(s) left out for failed requests (see the failed-requests table): "
+                     + "; ".join(f"{run_id}: {why}" for run_id, why in over.items()))
+        runs = runs[~runs["run_id"].isin(list(over))]
+    if runs.empty:
+        raise ExperimentError("no successful run to analyse" + (f" ({len(over)} left out for failed requests, "
+                                                                f"more than {request_failures.FIELD})" if over else ""))
+    return runs, failures
+
+
+def _attributed(runs: pd.DataFrame, params: KnobABParams, notes: list[str]):
+    """Each run under the arm it really ran (its env and args), unattributable runs left out."""
+    attr = attribute_runs(runs, params)
+    flagged = attr[~attr["matches_declared"] | attr["arm"].isna()]
+    if len(flagged):
+        notes.append(f"{len(flagged)} run(s) ran with an env/args that differ from their declared arm; "
+                     "they are analysed under the arm they really ran (or left out if unattributable).")
+    arm_of = arm_of_run(attr)
+    runs = runs.assign(arm=runs["run_id"].map(arm_of))
+    return attr, flagged, arm_of, runs[runs["arm"].notna()]
+
+
+def _arm_intervals(data: KnobABData, runs: pd.DataFrame, arm_of: dict, notes: list[str]) -> tuple[pd.DataFrame, str]:
+    """The attributed runs' log intervals with their arm; none (and why) for an engine that logs per request."""
+    iv = data.intervals[data.intervals["run_id"].isin(runs["run_id"])].copy()
+    no_cut = ""
+    if not steady.has_interval_columns(iv):
+        # llama.cpp logs per request, not per stats interval: no load cut; its AL comes from the counters
+        no_cut = ("the engine's log has no stats intervals (llama.cpp logs draft statistics per request), so there "
+                  "is no steady-state cut; AL comes from the /metrics counter deltas of each run (counter_al)")
+        notes.append(no_cut)
+        iv = steady.empty_intervals().assign(run_id=pd.Series(dtype=str))
+    iv["arm"] = iv["run_id"].map(arm_of)
+    return iv, no_cut
+
+
+def _run_al(data: KnobABData, runs: pd.DataFrame, iv: pd.DataFrame, st) -> pd.DataFrame:
+    """One row per run: its AL by every measure (steady-state log, all intervals, counters), its speed and its
+    graded answers."""
+    counts = st.counts.set_index("run_id")
+    run_al = runs[["run_id", "arm", "sweep", "order"]].copy()
+    run_al["steady_log_al"] = run_al["run_id"].map(counts["al_kept"])
+    run_al["all_intervals_log_al"] = run_al["run_id"].map(
+        {rid: steady.weighted_al(p) for rid, p in iv.groupby("run_id")})
+    run_al["intervals_kept"] = run_al["run_id"].map(counts["kept"])
+    run_al["intervals_total"] = run_al["run_id"].map(counts["intervals"])
+    if f"{COUNTER}drafts" in runs:
+        run_al["counter_al"] = [run_acceptance(r).al for _, r in runs.iterrows()]
+    for col in ("tok_s", "wall_s", "completion_tokens", "ready_s", "correct", "total"):
+        if col in runs:
+            run_al[col] = runs[col].to_numpy()
+    graded = answered_accuracy(data.requests)
+    for col in ("correct", "total"):  # graded over the answers; runs saved before failures counted them wrong
+        if col in run_al and len(graded):
+            run_al[col] = run_al["run_id"].map(graded[col]).fillna(run_al[col])
+    if "correct" in run_al:
+        run_al["accuracy"] = run_al["correct"] / run_al["total"]
+    return run_al
+
+
+def _valued(run_al: pd.DataFrame, params: KnobABParams, notes: list[str]) -> tuple[str, pd.DataFrame]:
+    """The runs that have the primary measure (measurement.primary), and its column."""
+    value_col = params.measurement.primary
+    if value_col not in run_al or run_al[value_col].isna().all():
+        raise ExperimentError(f"measurement.primary={value_col!r} is not available for these runs "
+                              f"(ingested logs have no counters: use steady_log_al)")
+    if run_al[value_col].isna().any():
+        bad = run_al.loc[run_al[value_col].isna(), "run_id"].tolist()
+        notes.append(f"runs without a {value_col} (no steady interval) are left out: {bad}")
+    return value_col, run_al[run_al[value_col].notna()]
+
+
+def _crude_vs_load(iv: pd.DataFrame, valued: pd.DataFrame, params: KnobABParams):
+    """The crude AL-threshold cut beside the load cut, per arm: what the cruder cut would have kept."""
+    base_iv = iv[iv["arm"] == BASELINE]
+    thr = params.steady_state.crude_al_threshold
+    if thr is None:
+        thr = steady.weighted_al(base_iv if len(base_iv) else iv)
+    crude = steady.crude_al_threshold_cut(iv, thr)
+    crude_runs = crude.counts.set_index("run_id")
+    cmp_rows = []
+    for arm, part in valued.groupby("arm", sort=False):
+        crude_part = crude_runs.reindex(part["run_id"])
+        cmp_rows.append({
+            "arm": arm,
+            "all intervals": float(part["all_intervals_log_al"].mean()),
+            "load cut (steady)": float(part["steady_log_al"].mean()),
+            f"crude cut (AL <= {thr:.3f})": float(crude_part["al_kept"].mean()),
+            "intervals dropped by load cut": int((part["intervals_total"] - part["intervals_kept"]).fillna(0).sum()),
+            "intervals dropped by crude cut": int(crude_part["dropped_high_al"].fillna(0).sum()),
+        })
+    return thr, crude, pd.DataFrame(cmp_rows)
+
+
+def _decide(valued: pd.DataFrame, value_col: str, run_al: pd.DataFrame, looks: list[dict], params: KnobABParams,
+            notes: list[str]) -> DecisionReport:
+    """Every comparison (each arm vs the baseline, each crossed knob with the other on) with its label and the
+    stated rule's outcome; the interaction of two crossed knobs."""
+    rule = params.decision
+    arm_summary = stats.arm_table(valued, "arm", value_col)
+    design = sweeps_design(looks, params)
+    comparisons, judged = _judge(valued, value_col, BASELINE, rule, params, design=design)
+    knob_judged, knob_cmp = _knob_effects(valued, value_col, rule, params, design=design)
+    verdicts_all = judged + list(knob_judged)
+    comparisons = pd.concat([comparisons, knob_cmp], ignore_index=True) if len(knob_cmp) else comparisons
+    interaction, inter_text = None, ""
+    if params.crossed and len(params.knobs) == 2:
+        a, b = (k.name for k in params.knobs)
+        if {BASELINE, a, b, f"{a}+{b}"} <= set(valued["arm"]):
+            inter = stats.interaction_2x2(valued, "arm", value_col, a, b, f"{a}+{b}", BASELINE,
+                                          ci=1 - rule.alpha, sweep_col="sweep")
+            interaction, inter_text = inter.to_frame(), interaction_text(inter, rule)
+    elif params.crossed and len(params.knobs) > 2:
+        notes.append("interaction is reported for two crossed knobs only")
+    return DecisionReport(rule.describe(), value_col, run_al, arm_summary, comparisons, verdicts_all,
+                          decision.verdict_table(verdicts_all), _knob_verdict_summary(verdicts_all, params),
+                          interaction, inter_text, verdict_vocabulary(rule))
 
 
 def category_tables(data: KnobABData, runs: pd.DataFrame, arm_of: dict, params: KnobABParams,
