@@ -68,6 +68,7 @@ from specbook.core.stats import (
     summarize,
     welch_delta,
 )
+from specbook.core.stats.labels import pct
 
 
 class DecisionRule(Protocol):
@@ -594,8 +595,7 @@ def repeated_intervals(rows: pd.DataFrame, design: Design) -> pd.DataFrame:
         low, high = delta - b.t_difference * se, delta + b.t_difference * se
         base = float(row["baseline_mean"])
         out.loc[i, ["ci_low", "ci_high"]] = low, high
-        out.loc[i, ["ci_low_pct", "ci_high_pct"]] = (100.0 * low / base, 100.0 * high / base) if base else (
-            math.nan, math.nan)
+        out.loc[i, ["ci_low_pct", "ci_high_pct"]] = pct(low, base), pct(high, base)
         out.loc[i, "ci"] = 1 - design.alpha
         where = f"look {b.look} of {planned}" + (f", the nearest to {n} sweeps" if at != n else "")
         designs.append(f"the sequential design's repeated interval ({where}: boundary {b.t_difference:.3g} x se, "

@@ -142,6 +142,7 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
 
     ray = _ray()
     from ray.util.placement_group import remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from specbook.core.secrets import RUN_TOKEN_ENV
 
@@ -163,8 +164,6 @@ def run_on_ray(units: Sequence[Unit], ctx: RunContext, params: ExecutorParams, *
         remote = ray.remote(unit_task)
 
         def submit_ready() -> None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
             for slot, unit in schedule.next_units():
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=slot)
                 ref = remote.options(num_cpus=slots.cpus, num_gpus=slots.gpus, max_retries=0,
