@@ -24,7 +24,7 @@ from specbook.experiments.knob_ab.attribution import (
     attention_backends_from_logs,
     backend_knob_reach,
 )
-from specbook.experiments.knob_ab.collection import COUNTER, run_name, upgrade_runs_frame
+from specbook.experiments.knob_ab.collection import COUNTER, run_name, stop_note, upgrade_runs_frame
 from specbook.store.runstore import RunContext
 
 PARAMS = {
@@ -555,3 +555,12 @@ def test_a_report_without_accuracy_says_why():
     lead = accuracy_lead(pd.DataFrame(), "The spec_bench workload has no reference answers to grade: no accuracy.",
                          knob_ab.load_params_file(str(root / "cpu-demo-spec-bench.yaml")))
     assert lead.startswith("**This section cannot judge accuracy.**")
+
+
+def test_the_stop_note_says_what_the_last_look_decided():
+    # the H100 CUDA-graphs run (docs/reports/knob_ab-h100-cuda-graphs-seq) stopped at sweeps_max undecided,
+    # and its console said "the rule decided"
+    looks = json.loads((Path(__file__).parents[2] / "docs/reports/knob_ab-h100-cuda-graphs-seq/data/"
+                        "sequential_looks.json").read_text())
+    assert "left the rule undecided" in stop_note(5, looks)
+    assert "decided (equivalent) after 3 sweeps" in stop_note(3, [{"sweeps": 3, "decision": "equivalent"}])

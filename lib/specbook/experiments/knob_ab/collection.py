@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from specbook import executors
-from specbook.core import secrets
+from specbook.core import secrets, verdicts
 from specbook.core.acceptance import Acceptance, position_column
 from specbook.core.envline import read_env_line
 from specbook.core.errors import ParamsError, RunError, keep_cause
@@ -125,10 +125,21 @@ def collect(params: KnobABParams, ctx) -> KnobABData:
     ran = executors.run_units(units, ctx, params.executor, done_frame=RUNS, what="knob A/B run",
                               look_after=(lambda _sweep: _rule_stops(params, ctx)) if params.adaptive else None,
                               looks_from=sweeps_min, gpus_hint=executors.tensor_parallel_size(params.engine.extra_args))
+    data = load(ctx)
     if ran.stopped_after_sweep is not None:
-        progress.note(f"adaptive sweeps: the rule decided after {ran.stopped_after_sweep + 1} sweeps; the planned runs "
-                      "after it are not needed")
-    return load(ctx)
+        progress.note(stop_note(ran.stopped_after_sweep + 1, data.looks))
+    return data
+
+
+def stop_note(sweeps: int, looks: list[dict]) -> str:
+    """The console line for an adaptive run that stopped: what its last look decided. A look at sweeps_max stops
+    the run while still undecided, which is not the rule deciding."""
+    last = next((lk for lk in reversed(looks) if lk.get("sweeps") == sweeps), {})
+    decision = last.get("decision", "unknown")
+    if decision == verdicts.UNDECIDED:
+        return (f"adaptive sweeps: the last look ({sweeps} sweeps, sweeps_max) left the rule undecided; "
+                "the report says how many more sweeps the noise would need")
+    return f"adaptive sweeps: the rule decided ({decision}) after {sweeps} sweeps; the planned runs after it are not needed"
 
 
 def start_server_ahead(ctx, *, params: KnobABParams, run_id: str, arm: Arm) -> None:
