@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from specbook.core.params import load_params
-from specbook.experiments.knob_ab import analysis, collection
+from specbook.experiments.knob_ab import analysis, collection, tables
 from specbook.experiments.knob_ab.params import KnobABParams
 from specbook.store.runstore import RunContext
 
@@ -44,7 +44,7 @@ def test_the_report_notes_the_decision_the_looks_and_the_server_minutes(tmp_path
     params = load_params(KnobABParams, str(ctx.run_dir / "params.yaml"), ["sweeps_min=2", "sweeps_max=6"])
     collection._rule_stops(params, ctx)
     data = collection.load(ctx)
-    note = analysis.adaptive_sweeps_note(data.looks, data.runs)
+    note = tables.adaptive_sweeps_note(data.looks, data.runs)
     minutes = (data.runs["ready_s"].sum() + data.runs["wall_s"].sum()) / 60
     assert note.startswith("adaptive sweeps (2..6): after 2 sweeps") and f"{minutes:.1f} server-minutes" in note
     result = analysis.analyze(data, params)

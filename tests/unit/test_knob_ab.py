@@ -220,7 +220,7 @@ def test_interaction_is_near_zero_when_effects_add_up():
 
 def test_the_intro_follows_the_workload_and_accuracy_says_first_what_it_can_judge():
     from specbook.core.paths import project_root
-    from specbook.experiments.knob_ab.analysis import intro_text
+    from specbook.experiments.knob_ab.tables import intro_text
 
     root = project_root() / "params" / "knob_ab"
     spec_bench = knob_ab.load_params_file(str(root / "h200-attention-backend-both.yaml"))
@@ -542,7 +542,7 @@ def test_comparisons_are_paired_by_sweep_and_fall_back_to_welch_when_a_run_is_mi
 
 def test_a_report_without_accuracy_says_why():
     from specbook.core.paths import project_root
-    from specbook.experiments.knob_ab.analysis import no_accuracy_reason
+    from specbook.experiments.knob_ab.tables import no_accuracy_reason
 
     root = project_root() / "params" / "knob_ab"
     assert "Ingested logs" in no_accuracy_reason(knob_ab.load_params_file(str(root / "ingest-example.yaml")),
@@ -550,7 +550,7 @@ def test_a_report_without_accuracy_says_why():
     assert no_accuracy_reason(knob_ab.load_params_file(str(root / "cpu-demo-spec-bench.yaml")),
                               graded=False).startswith("The spec_bench workload has no reference answers")
     assert "No request" in no_accuracy_reason(knob_ab.load_params_file(str(root / "cpu-demo.yaml")), graded=True)
-    from specbook.experiments.knob_ab.analysis import accuracy_lead
+    from specbook.experiments.knob_ab.tables import accuracy_lead
 
     lead = accuracy_lead(pd.DataFrame(), "The spec_bench workload has no reference answers to grade: no accuracy.",
                          knob_ab.load_params_file(str(root / "cpu-demo-spec-bench.yaml")))

@@ -7,7 +7,11 @@ reads existing server logs instead; `analyze` turns either into the typed result
   params.py       the params schema
   attribution.py  which arm each server really ran (Env: line and argv), backend reach
   collection.py   collect / ingest / load
-  analysis.py     analyze -> KnobABResult
+  analysis.py     analyze -> KnobABResult (the statistics: attribution, steady state, per-run AL, decisions)
+  tables.py       the report's texts and tables: summary block, intro, verdict vocabulary, runs/knobs frames
+  decision.py     the rule fixed in the params, applied to the per-run values
+  steady.py       steady-state windows by load, the crude cut and its sensitivity
+  sequential.py   the adaptive sweeps' look after each sweep (core.sequential's design)
 """
 
 from specbook.experiments.knob_ab.analysis import KnobABResult, analyze
