@@ -64,7 +64,9 @@ class Walk:
         if event != "call":
             return
         callee = frame.f_globals.get("__name__", "")
-        if not callee.startswith("specbook"):
+        # `specbook` itself: its old-name import hook, which Python's import system calls on every import (no
+        # caller of ours calls it)
+        if not callee.startswith("specbook."):
             return
         caller_frame = frame.f_back
         while caller_frame is not None and not caller_frame.f_globals.get("__name__", "").startswith("specbook"):

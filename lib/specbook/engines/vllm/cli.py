@@ -8,7 +8,7 @@ Around it, two things that hold in every process of the server:
   own version.
 - Ray stays out where the server's executor cannot use it. vLLM imports ray at start-up whenever it is
   installed (vllm.v1.executor.ray_utils, guarded by `except ImportError`), in the API server and again in the
-  engine core process: 1.6 s and 4.2 s of import time of one vLLM-CPU start on 2 cores (PYTHONPROFILEIMPORTTIME).
+  engine core process, seconds of each start (benchmarks/server_start.py shows them; PYTHONPROFILEIMPORTTIME).
   With `--distributed-executor-backend uni` or `mp` nothing imports it for use, so `import ray` answers
   ImportError, as where ray is not installed, and the start no longer depends on whether the venv has ray.
 
