@@ -14,18 +14,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from specbook.core.errors import ExperimentError
 from specbook.core.paths import notebooks_dir, project_root
 
-__all__ = ["ExperimentSpec", "get_experiment", "list_experiments", "register_experiment"]
+if TYPE_CHECKING:
+    from specbook.report.view import Summary
+    from specbook.store.runstore import RunContext
+
+__all__ = ["AnalysisResult", "ExperimentSpec", "get_experiment", "list_experiments", "register_experiment"]
+
+
+class AnalysisResult(Protocol):
+    """What analyze returns: a typed result whose answer(params) is the report's summary block."""
+
+    def answer(self, params: Any) -> Summary: ...
+
+
+P = TypeVar("P", bound=BaseModel)  # the experiment's params model
+D = TypeVar("D")  # its raw data (collect and load return it)
+R = TypeVar("R", bound=AnalysisResult)  # its analysis result
 
 
 @dataclass(frozen=True)
-class ExperimentSpec:
+class ExperimentSpec(Generic[P, D, R]):
     """An experiment the book can run.
 
     `notebook` is a file name under notebooks/ ("knob_ab.ipynb"), a path relative to the project
@@ -33,11 +48,11 @@ class ExperimentSpec:
     """
 
     name: str
-    params_model: type[BaseModel]
+    params_model: type[P]
     notebook: str
-    collect: Callable[[Any, Any], Any] | None = None
-    load: Callable[[Any], Any] | None = None
-    analyze: Callable[[Any, Any], Any] | None = None
+    collect: Callable[[P, RunContext], D] | None = None
+    load: Callable[[RunContext], D] | None = None
+    analyze: Callable[[D, P], R] | None = None
 
     def require(self, step: str) -> Callable[..., Any]:
         """The protocol function `step` (collect/load/analyze), or an error naming what is missing."""
@@ -58,7 +73,7 @@ class ExperimentSpec:
         return candidates[-1]
 
 
-_EXPERIMENTS: dict[str, ExperimentSpec] = {}
+_EXPERIMENTS: dict[str, ExperimentSpec[Any, Any, Any]] = {}
 
 
 def _same_origin(a: ExperimentSpec, b: ExperimentSpec) -> bool:
@@ -67,7 +82,7 @@ def _same_origin(a: ExperimentSpec, b: ExperimentSpec) -> bool:
     return qual(a.params_model) == qual(b.params_model) and a.notebook == b.notebook
 
 
-def register_experiment(spec: ExperimentSpec) -> ExperimentSpec:
+def register_experiment(spec: ExperimentSpec[P, D, R]) -> ExperimentSpec[P, D, R]:
     """Register `spec` under its name; a different experiment under a taken name is an error."""
     old = _EXPERIMENTS.get(spec.name)
     if old is not None and not _same_origin(old, spec):

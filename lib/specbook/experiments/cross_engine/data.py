@@ -11,6 +11,7 @@ import pandas as pd
 
 from specbook.core.acceptance import ACCEPTED, upgrade_position_columns
 from specbook.experiments.cross_engine import traces as cet
+from specbook.store.runstore import RunContext
 from specbook.store.units import Units, register_units
 
 # Frames / JSON documents in run_dir/data (the notebook's reuse_data path reads these back).
@@ -59,7 +60,7 @@ class CrossData:
 _OLD_CELL_COLUMNS = {"accepted": ACCEPTED, "log_accepted": "log_accepted_tokens", "log_generated": "log_draft_tokens"}
 
 
-def load(ctx: Any) -> CrossData:
+def load(ctx: RunContext) -> CrossData:
     """Read back what collect saved (reuse_data / `specbook render`); frames of older runs are upgraded."""
     def maybe_json(name: str, default: Any) -> Any:
         return ctx.load_json(name) if (Path(ctx.data_dir) / f"{name}.json").exists() else default

@@ -32,6 +32,7 @@ from specbook.experiments.knob_ab.attribution import (
 )
 from specbook.experiments.knob_ab.params import KnobABParams, resolve_path
 from specbook.measure.categories import measure_by_category
+from specbook.store.runstore import RunContext
 from specbook.store.units import Units, done_units, register_units
 
 # Frames saved in data/ (one parquet each) and what they hold.
@@ -84,7 +85,7 @@ def _readable(field_name: str, value: str | None) -> Path | None:
     return path
 
 
-def collect(params: KnobABParams, ctx) -> KnobABData:
+def collect(params: KnobABParams, ctx: RunContext) -> KnobABData:
     """One fresh server per (sweep, arm), interleaved; each run's frames are saved before the next starts.
 
     A resumed run (specbook.store.units) skips the runs the folder holds as done: same schedule, same run ids."""
@@ -142,14 +143,14 @@ def stop_note(sweeps: int, looks: list[dict]) -> str:
     return f"adaptive sweeps: the rule decided ({decision}) after {sweeps} sweeps; the planned runs after it are not needed"
 
 
-def start_server_ahead(ctx, *, params: KnobABParams, run_id: str, arm: Arm) -> None:
+def start_server_ahead(ctx: RunContext, *, params: KnobABParams, run_id: str, arm: Arm) -> None:
     """Launch run `run_id`'s server now; its run_one serves on it (the local executor's starts_together)."""
     from specbook.measure import harness
 
     harness.start_ahead(_arm_config(arm, params), ctx, run_id)
 
 
-def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, arm: Arm, workload: Any,
+def run_one(ctx: RunContext, *, params: KnobABParams, run_id: str, order: int, sweep: int, arm: Arm, workload: Any,
             flush_wait_s: float) -> None:
     """One (sweep, arm) run on a fresh server: its requests, categories, intervals rows, then its runs row (the
     unit's done row, last). A failure appends a failed runs row and raises RunError. Executors call this in the
@@ -202,7 +203,7 @@ def run_one(ctx, *, params: KnobABParams, run_id: str, order: int, sweep: int, a
     ctx.append_frame(RUNS, pd.DataFrame([row]))
 
 
-def _rule_stops(params: KnobABParams, ctx) -> bool:
+def _rule_stops(params: KnobABParams, ctx: RunContext) -> bool:
     """A look of the group-sequential rule (specbook.experiments.knob_ab.sequential) after a complete sweep; every look is kept in
     data/sequential_looks.json (a resumed run repeats a look on the same runs and gets the same answer)."""
     from specbook.experiments.knob_ab import sequential
@@ -218,7 +219,7 @@ def _rule_stops(params: KnobABParams, ctx) -> bool:
     return state.stop
 
 
-def ingest(params: KnobABParams, ctx) -> KnobABData:
+def ingest(params: KnobABParams, ctx: RunContext) -> KnobABData:
     """Existing logs as runs: each file's arm comes from its `Env:` line (or the params mapping)."""
     assert params.ingest is not None
     files: list[Path] = []
@@ -280,7 +281,7 @@ def run_acceptance(row: Any) -> Acceptance:
     return Acceptance.from_row(row, COUNTER, source="counter delta")
 
 
-def load(ctx) -> KnobABData:
+def load(ctx: RunContext) -> KnobABData:
     """The saved frames of a run folder (what `specbook render` analyses with no server)."""
     from specbook.engines import upgrade_log_frame
 
