@@ -18,9 +18,9 @@ from specbook.engines import EngineConfig, get_engine
 from specbook.experiments import config_flip as cf
 from specbook.experiments.registry import get_experiment
 from specbook.measure import costsplit
-from specbook.measure.tracepass import RequestTrace, TraceSet
 from specbook.store.runstore import RunContext
-from specbook.traces.records import ProposalRecord, records_frame
+from specbook.traces.records import ProposalRecord, RequestTrace, records_frame
+from specbook.traces.traceset import TraceSet
 
 
 @pytest.fixture()

@@ -13,9 +13,9 @@ import pytest
 from specbook.core.acceptance import Acceptance
 from specbook.engines.llamacpp.traceparse import parse_trace_lines
 from specbook.experiments.cross_engine import traces as cet
-from specbook.measure.tracepass import RequestTrace, TraceSet
 from specbook.store.runstore import RunContext
-from specbook.traces.records import read_trace_file, records_frame
+from specbook.traces.records import RequestTrace, read_trace_file, records_frame
+from specbook.traces.traceset import TraceSet
 
 FIX = Path(__file__).parents[1] / "fixtures" / "traces"
 DOC = json.loads((FIX / "requests.json").read_text())["llamacpp-draft-simple-v.log"]

@@ -14,17 +14,13 @@ derived from the traces can be checked against the engine's counters for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from specbook.core.acceptance import Acceptance
 from specbook.engines import require
 from specbook.engines.base import ProposalTracer, TracedPass, TracesProposals
-from specbook.traces.derive import counts_agree, derive_steps, derived_acceptance
 from specbook.traces.records import RequestTrace, TraceError, records_frame
+from specbook.traces.traceset import TraceSet
 
 if TYPE_CHECKING:
     from specbook.engines.base import Engine, EngineConfig
@@ -34,45 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["TRACE_NOTE", "RequestTrace", "TraceSet", "trace_pass", "traced_config", "tracer_of"]
 
 TRACE_NOTE = "proposal traces come from a separate, untimed trace pass (debug logging / trace plugin on)"
-
-
-@dataclass
-class TraceSet:
-    """What one trace pass on one server gave: records, the requests' ids, the window's counters, and,
-    where proposals could not be traced, why (`untraceable`)."""
-
-    engine: str
-    server: str
-    method: str | None
-    records: pd.DataFrame
-    requests: list[RequestTrace]
-    counters: Acceptance | None = None
-    untraceable: str | None = None
-    notes: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    def steps(self) -> pd.DataFrame:
-        """Every request's derived steps (specbook.traces.derive) with its prompt_id."""
-        reqs = {r.request_id: (r.prompt_len, r.output_ids) for r in self.requests}
-        steps = derive_steps(self.records, reqs, {r.request_id for r in self.requests if r.eog_stop})
-        pid = {r.request_id: r.prompt_id for r in self.requests}
-        steps.insert(0, "prompt_id", steps["request_id"].map(pid))
-        return steps
-
-    def derived_acceptance(self) -> Acceptance:
-        return derived_acceptance(self.steps(), source=f"{self.engine} proposal traces")
-
-    def disagreements(self) -> list[str]:
-        """Where the counters of the same window fall outside the derived counts ([] when they agree; a
-        step the request's stop cut counts between its derived and its full proposals)."""
-        if self.counters is None:
-            return ["no counters for this window"]
-        steps = self.steps()
-        return counts_agree(derived_acceptance(steps), self.counters, derived_acceptance(steps, upper=True))
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(len(r.output_ids) for r in self.requests)
 
 
 def tracer_of(engine: str | Engine) -> ProposalTracer:

@@ -61,7 +61,7 @@ def with_id_lists(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def trace_set_frames(ts: Any) -> dict[str, pd.DataFrame]:
-    """A TraceSet (specbook.measure.tracepass) as the steps, requests and passes frames (request ids as
+    """A TraceSet (specbook.traces.traceset) as the steps, requests and passes frames (request ids as
     strings: one type for every engine), without the experiment's key columns."""
     steps = ts.steps()
     steps["request_id"] = steps["request_id"].astype(str)

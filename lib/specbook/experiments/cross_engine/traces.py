@@ -55,7 +55,7 @@ def _keyed(frame: pd.DataFrame, side: str, lane: str) -> pd.DataFrame:
 
 
 def trace_frames(ts: Any, side: str, lane: str) -> dict[str, pd.DataFrame]:
-    """A TraceSet (specbook.measure.tracepass) as the frames above (traces.tables.trace_set_frames, keyed)."""
+    """A TraceSet (specbook.traces.traceset) as the frames above (traces.tables.trace_set_frames, keyed)."""
     return {name: _keyed(frame, side, lane) for name, frame in trace_set_frames(ts).items()}
 
 
