@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specbook.experiments.cross_engine.phases import PHASES, ServerPlan, plan_servers, side_order, switchable
+from specbook.experiments.cross_engine.phases import PHASES, ServerPlan, plan_servers, side_order
+from specbook.measure.instruments import switchable
 
 ALL = list(PHASES)
 

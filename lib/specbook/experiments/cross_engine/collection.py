@@ -193,18 +193,15 @@ class _Collection:
         import time
 
         from specbook.measure import costsplit, harness
-        from specbook.measure.tracepass import traced_config
+        from specbook.measure.instruments import with_instruments
 
         base = f"{side.label}-{lane.name}"
         cfg = lane_config(side, lane)
         trace_folder = Path(self.ctx.run_dir) / "traces" / f"{base}-trace"
-        prof_dir = None
+        prof_dir = costsplit.profile_dir(self.ctx, f"{base}-prof") if "profile" in plan.phases else None
         if "trace" in plan.phases:
             set_aside_folder(trace_folder)  # an unfinished earlier attempt's records: kept beside, never read
-            cfg = traced_config(cfg, trace_folder)
-        if "profile" in plan.phases:
-            prof_dir = costsplit.profile_dir(self.ctx, f"{base}-prof")
-            cfg = costsplit.profiler_of(cfg.engine).profiled_config(cfg, prof_dir)
+        cfg = with_instruments(cfg, trace_dir=trace_folder if "trace" in plan.phases else None, profile_dir=prof_dir)
         extra: dict[str, Any] = {"experiment": "cross_engine", "side": which, "lane": lane.name, "phases": [],
                                  "phase_s": {}}
         if len(plan.phases) == 1 and plan.phases[0] != "timed":

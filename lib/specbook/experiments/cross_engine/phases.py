@@ -23,24 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from specbook.engines import capability
-from specbook.engines.base import ProfilesSteps, TracesProposals
+from specbook.measure.instruments import switchable
 
 PHASES = ("timed", "equal_work", "trace", "profile")  # the order on a shared server
 SUFFIXES = {"trace": "-trace", "profile": "-prof", "equal_work": "-equal"}  # a phase's server of its own
-
-
-def switchable(engine: str) -> set[str]:
-    """The instrumented phases `engine` can serve on a server that served timed windows before: those whose
-    instrument it switches at run time (installed and off until its phase)."""
-    out = set()
-    traced = capability(engine, TracesProposals)
-    if traced is not None and not getattr(traced.proposal_tracer, "traces_whole_server", True):
-        out.add("trace")
-    prof = capability(engine, ProfilesSteps)
-    if prof is not None and not prof.profiler.profiles_whole_server:
-        out.add("profile")
-    return out
 
 
 def side_order(engines: dict[str, str]) -> list[str]:
