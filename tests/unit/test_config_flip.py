@@ -196,7 +196,7 @@ def test_the_timed_window_follows_the_warmup_on_the_running_server(draft_dir):
     assert server.calls == [warm, warm, ("measure", [("p000", 16), ("p001", 16), ("p002", 16)], 3)]
 
 
-def test_collect_runs_the_measured_units_then_the_traces_then_the_profiles_skipping_done_ones(
+def test_collect_serves_each_arms_phases_on_one_server_skipping_done_ones(
         tmp_path, draft_dir, monkeypatch):
     from specbook.experiments.config_flip import collection
 
@@ -207,12 +207,20 @@ def test_collect_runs_the_measured_units_then_the_traces_then_the_profiles_skipp
     (cut / "1.jsonl").write_text("{}\n")
     ran = []
     monkeypatch.setattr(collection, "done_units", lambda ctx, units: {("arm0-100000", "trace")})
-    for kind in ("measured", "trace", "profile"):
+    for kind in ("trace", "profile"):  # servers of their own: not for vLLM, which switches both at run time
         monkeypatch.setattr(collection, f"{kind}_unit", lambda p, c, arm, *a, kind=kind: ran.append((arm.label, kind)))
+    monkeypatch.setattr(collection, "arm_unit", lambda p, c, arm, name, cfg, kinds, *a: ran.append(
+        (arm.label, name, kinds, {k: v for k, v in cfg.env.items() if k.startswith("SPECBOOK_")})))
     monkeypatch.setattr(collection, "load", lambda ctx: "data")
     assert collection.collect(params, ctx) == "data"
-    assert ran == [("arm0-100000", "measured"), ("arm1-10000", "measured"), ("arm1-10000", "trace"),
-                   ("arm0-100000", "profile"), ("arm1-10000", "profile")]
+    run = ctx.run_dir
+    # one server per arm, its phases in order; tracing installed only where its pass is still to run
+    assert ran == [
+        ("arm0-100000", "arm0-100000", ("measured", "profile"),
+         {"SPECBOOK_STEP_TIMING_DIR": str((run / "profiles" / "arm0-100000-prof").resolve())}),
+        ("arm1-10000", "arm1-10000", ("measured", "trace", "profile"),
+         {"SPECBOOK_TRACE_DIR": str(run / "traces" / "arm1-10000-trace"),
+          "SPECBOOK_STEP_TIMING_DIR": str((run / "profiles" / "arm1-10000-prof").resolve())})]
     assert not (cut / "1.jsonl").exists() and (cut.with_name("arm1-10000-trace.unfinished-1") / "1.jsonl").is_file()
     assert ctx.load_json(cf.FLIP_JSON)["launch"]["argv"]
 
@@ -627,3 +635,14 @@ def test_a_cut_pass_folder_is_set_aside_beside_never_reused(tmp_path):
         (folder / "1.jsonl").write_text("{}\n")
         assert set_aside_folder(folder) == folder.with_name(f"arm1-10000-trace.unfinished-{n}")
         assert not folder.exists() and (folder.with_name(f"arm1-10000-trace.unfinished-{n}") / "1.jsonl").is_file()
+
+
+def test_a_resumed_arm_gets_a_fresh_server_name_where_a_done_phase_used_its_own():
+    from types import SimpleNamespace
+
+    from specbook.experiments.config_flip.collection import arm_server_name
+
+    arm = SimpleNamespace(label="arm0-1")
+    assert arm_server_name(arm, set()) == "arm0-1"
+    assert arm_server_name(arm, {"arm0-1"}) == "arm0-1-2"
+    assert arm_server_name(arm, {"arm0-1", "arm0-1-2", "arm1-2"}) == "arm0-1-3"

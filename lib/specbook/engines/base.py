@@ -233,6 +233,11 @@ class ProposalTracer(Protocol):
     """How an engine's server is launched with its draft proposals traced, and how a pass is read back."""
 
     extra_body: Mapping[str, Any]  # added to each request of the pass (e.g. asking for the token ids)
+    traces_whole_server: bool  # traces for its whole life once launched traced: a traced server of its own
+
+    def recording(self, folder: Path) -> AbstractContextManager[None]:
+        """Tracing on for the pass inside the block (a no-op where it is on for the server's life)."""
+        ...
 
     def traced_config(self, cfg: EngineConfig, folder: Path) -> EngineConfig:
         """`cfg` with tracing on into `folder` (the same server otherwise)."""

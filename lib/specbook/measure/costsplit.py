@@ -115,12 +115,17 @@ def profiler_of(engine: str | Engine) -> StepProfiler:
     return require(engine, ProfilesSteps, "profiler", EngineError).profiler
 
 
+def profile_dir(run: RunContext, name: str) -> Path:
+    """run_dir/profiles/NAME, made empty: a cut attempt's traces set aside beside it (never read as these)."""
+    trace_dir = Path(run.run_dir) / PROFILES_DIR / name
+    set_aside_folder(trace_dir)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    return trace_dir
+
+
 def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run: RunContext, *, name: str,
                   lane: str, engine_label: str | None = None) -> CostSplit:
-    """Serve `server_cfg` with the engine's profiler enabled, send `requests` three times: warm-up,
-    unprofiled (timed), profiled (timed); reduce what the engine reported to a CostSplit. `overhead` is
-    the profiled wall over the unprofiled one (NaN where the engine profiles its whole life: llama.cpp's
-    debug verbosity).
+    """Serve `server_cfg` with the engine's profiler enabled and run `profile_phase` on it: a server of its own.
 
     The server is recorded in the run's servers.jsonl like every other (`extra`: profiled_pass); its
     traces or log stay in the run folder (profiles/NAME/, logs/NAME.log).
@@ -128,21 +133,30 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
     from specbook.measure.harness import serve
 
     profiler = profiler_of(server_cfg.engine)
-    trace_dir = Path(run.run_dir) / PROFILES_DIR / name
-    set_aside_folder(trace_dir)  # a resumed run: a cut attempt's profiler traces are never read as these
-    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace_dir = profile_dir(run, name)
     cfg = profiler.profiled_config(server_cfg, trace_dir)
     with serve(cfg, run, name, extra={"profiled_pass": True, "lane": lane}) as server:
-        server.send(requests)  # warm-up
-        t0 = time.monotonic()
-        server.send(requests)
-        unprofiled = time.monotonic() - t0
-        with profiler.recording(trace_dir):
-            window = server.window(lambda: server.send(requests), flush_wait_s=profiler.flush_wait_s)
-        split = profiler.split(cfg, window.log, trace_dir)
-        profiled = window.wall_s
+        return profile_phase(server, requests, trace_dir, lane=lane, engine_label=engine_label)
+
+
+def profile_phase(server: Any, requests: Sequence[ChatRequest], trace_dir: Path, *, lane: str,
+                  engine_label: str | None = None) -> CostSplit:
+    """The profiled phase on a server launched with `profiled_config(cfg, trace_dir)` (its own, or one that served
+    timed windows before with the instrument off): send `requests` three times, warm-up, unprofiled (timed),
+    profiled (timed, the instrument switched on around it); reduce what the engine reported to a CostSplit.
+    `overhead` is the profiled wall over the unprofiled one (NaN where the engine profiles its whole life:
+    llama.cpp's debug verbosity)."""
+    profiler = profiler_of(server.cfg.engine)
+    server.send(requests)  # warm-up
+    t0 = time.monotonic()
+    server.send(requests)
+    unprofiled = time.monotonic() - t0
+    with profiler.recording(trace_dir):
+        window = server.window(lambda: server.send(requests), flush_wait_s=profiler.flush_wait_s)
+    split = profiler.split(server.cfg, window.log, trace_dir)
+    profiled = window.wall_s
     overhead = math.nan if profiler.profiles_whole_server or unprofiled <= 0 else profiled / unprofiled
-    return CostSplit(engine_label or server_cfg.engine, lane, split.source, split.steps, split.step_ms,
+    return CostSplit(engine_label or server.cfg.engine, lane, split.source, split.steps, split.step_ms,
                      split.parts_ms, split.tokens_per_step, overhead=overhead, note=split.note)
 
 

@@ -4,6 +4,8 @@
     with harness.serve(cfg, run, name) as server:
         traces = trace_pass(server, requests, trace_dir)
 
+An engine whose tracer switches at run time (`traces_whole_server` False: vLLM's plugin) records only during
+`trace_pass`, so the same server can serve timed windows before it with tracing installed and off.
 How tracing is switched on and how a pass is read back is the engine's proposal tracer (an optional
 capability, specbook.engines.base.ProposalTracer); an engine without one is refused naming it. Requests go
 one at a time, non-streamed, with what the tracer adds to them (e.g. asking for the token ids). The pass is
@@ -52,7 +54,8 @@ def trace_pass(server: Server, requests: Sequence[ChatRequest], trace_dir: str |
     spec = server.cfg.speculative_config or {}
     method = spec.get("method") or ("draft_model" if spec.get("model") else None)
     sent = [req.model_copy(update={"extra_body": {**req.extra_body, **tracer.extra_body}}) for req in requests]
-    window = server.window(lambda: [server.post_raw(req) for req in sent], flush_wait_s=flush_wait_s)
+    with tracer.recording(Path(trace_dir)):  # on for this pass only where the engine switches it at run time
+        window = server.window(lambda: [server.post_raw(req) for req in sent], flush_wait_s=flush_wait_s)
     counters = window.acceptance
     engine = server.cfg.engine
     try:

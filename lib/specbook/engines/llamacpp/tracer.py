@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ def prompt_ids(base_url: str, resp: dict[str, Any]) -> list[int] | None:
 
 class LlamaCppTracer:
     extra_body: dict[str, Any] = {}
+    traces_whole_server = True  # `-v` from the server's start: a traced server of its own
+
+    def recording(self, folder: Path) -> Any:
+        del folder  # on for the server's whole life
+        return nullcontext()
 
     def traced_config(self, cfg: EngineConfig, folder: Path) -> EngineConfig:
         del folder  # llama-server writes what it traces into its log

@@ -13,7 +13,10 @@ call every proposer goes through: draft_model, ngram, eagle-family, ...) and, af
 
 anchor_pos counts the tokens already in the sequence (prompt + output, the anchor token included);
 proposed[j] is the draft for position anchor_pos + j (0-based). Wrapping, not a `custom_class` proposer:
-the traced server keeps its own config. TRACE_DIR/vllm-<pid>.status.json says what was patched, or why
+the traced server keeps its own config. Records are written only while the file TRACE_DIR/tracing exists
+(specbook.engines.vllm.tracer's `recording` makes it around a trace pass), so one server serves its timed
+pass with the plugin installed and off (one file-exists check per step) and its trace pass with it on.
+TRACE_DIR/vllm-<pid>.status.json says what was patched, or why
 it refused; a vLLM whose model runner does not have the API below makes the server fail to start with
 that reason (a trace pass that traces nothing silently would be worse).
 
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 TRACE_DIR_ENV = "SPECBOOK_TRACE_DIR"
+TRACE_SWITCH = "tracing"  # proposals are recorded while TRACE_DIR/tracing exists
 STEP_TIMING_DIR_ENV = "SPECBOOK_STEP_TIMING_DIR"
 STEP_TIMING_SWITCH = "on"  # the step timer measures while DIR/on exists
 STEP_SCHEMA = 1
@@ -73,6 +77,7 @@ class _Tracer:
         self.folder = folder
         self.pid = os.getpid()
         self.path = folder / f"vllm-{self.pid}.jsonl"
+        self.switch = str(folder / TRACE_SWITCH)
         self._fh = None
         self._lock = threading.Lock()
 
@@ -137,9 +142,12 @@ def install(folder: Path) -> dict[str, Any]:
     tracer = _Tracer(folder)
     propose, sample = runner.propose_draft_token_ids, runner.sample_tokens
 
+    exists = os.path.exists
+
     def propose_draft_token_ids(self, *args, **kwargs):
         drafts = propose(self, *args, **kwargs)
-        self._specbook_pending = (list(self.input_batch.req_ids), _rows(drafts))
+        if exists(tracer.switch):  # off: no host copy, no record
+            self._specbook_pending = (list(self.input_batch.req_ids), _rows(drafts))
         return drafts
 
     def sample_tokens(self, *args, **kwargs):

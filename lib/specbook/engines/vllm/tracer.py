@@ -1,13 +1,16 @@
-"""vLLM's proposal tracer: specbook's plugin (trace_plugin.py) records every proposal of a server launched with
-$SPECBOOK_TRACE_DIR; the pass asks for the token ids of each request (`return_token_ids`)."""
+"""vLLM's proposal tracer: specbook's plugin (trace_plugin.py), installed in a server launched with
+$SPECBOOK_TRACE_DIR, records every proposal while `recording` holds its switch file (TRACE_DIR/tracing); the
+pass asks for the token ids of each request (`return_token_ids`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from specbook.engines.base import EngineConfig, TracedPass
-from specbook.engines.vllm.trace_plugin import TRACE_DIR_ENV
+from specbook.engines.vllm.trace_plugin import TRACE_DIR_ENV, TRACE_SWITCH
 from specbook.traces.records import RequestTrace, TraceError, TraceReading, read_trace_dir
 
 
@@ -16,8 +19,24 @@ def _body_ids(resp: dict[str, Any]) -> tuple[list[int] | None, list[int]]:
     return resp.get("prompt_token_ids"), list(choice.get("token_ids") or [])
 
 
+@contextmanager
+def recording(folder: Path) -> Iterator[None]:
+    """Tracing on for the block: the plugin's switch file made, then removed whatever happens."""
+    switch = Path(folder) / TRACE_SWITCH
+    switch.parent.mkdir(parents=True, exist_ok=True)
+    switch.touch()
+    try:
+        yield
+    finally:
+        switch.unlink(missing_ok=True)
+
+
 class VllmTracer:
     extra_body = {"return_token_ids": True}
+    traces_whole_server = False  # the plugin records only while its switch file exists
+
+    def recording(self, folder: Path) -> Any:
+        return recording(folder)
 
     def traced_config(self, cfg: EngineConfig, folder: Path) -> EngineConfig:
         return cfg.model_copy(update={"env": {**cfg.env, TRACE_DIR_ENV: str(folder)}})

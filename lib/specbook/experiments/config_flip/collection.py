@@ -1,12 +1,15 @@
 """Config-flip collection: build the arms, then serve each arm's units of work and save their frames as each ends.
 
-Per arm, up to three units, each its own server and each a function of its own:
-    measured   `measured_unit`: a fresh server, warm-up, the timed window (`measure_arm`, on the running server)
-    trace      `trace_unit`: an untimed trace pass (params `traces`) on a server started with tracing on
-    profile    `profile_unit`: a profiled pass (params `cost_split`) on a server it starts from the arm's config
-Every arm's measured unit runs first, then every arm's trace pass, then every profiled pass: tracing and profiling
-slow a server down, so never in the timed one, and a trace server started ahead never sits beside a profiled one.
-A unit's row in the arms frame goes last: it marks the unit done for a resume (specbook.store.units).
+Per arm, up to three units (phases), in this order:
+    measured   warm-up, the timed window (`measure_arm`, on the running server)
+    trace      an untimed trace pass (params `traces`), tracing switched on around it
+    profile    a profiled pass (params `cost_split`), the profiler switched on around it
+`arm_unit` serves them on one server, launched with the instruments installed and off
+(specbook.measure.instruments), where the engine switches them at run time: every window of the measured phase
+comes before any instrument is on. An instrument the engine cannot switch (on from its server's start) keeps a
+server of its own (`trace_unit`, `profile_unit`), after every arm's server, as before. A resumed run serves an arm's
+unfinished phases on a fresh server (ARM-2, ...). A unit's row in the arms frame goes last: it marks the unit
+done for a resume (specbook.store.units); each server's record lists the phases it served (`extra.phases`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from specbook.experiments.config_flip.data import (
 from specbook.experiments.config_flip.params import ConfigFlipParams
 from specbook.measure import costsplit, harness
 from specbook.measure.harness import Server, Window
+from specbook.measure.instruments import PROFILE, TRACE, switchable, with_instruments
 from specbook.measure.tracepass import TraceSet, trace_pass, traced_config
 from specbook.serve.client import ChatRequest
 from specbook.store.runstore import RunContext
@@ -45,6 +49,7 @@ EXPERIMENT = "config_flip"  # the servers' records name it (servers.jsonl `extra
 # With starts_together 2: for the first server of each pair, the (name, config) launched beside it.
 Ahead = dict[str, tuple[str, EngineConfig]]
 Done = set[tuple[str, str]]  # the (arm, kind) units a resumed run holds as done
+KINDS = ("measured", "trace", "profile")  # an arm's phases, in the order its server serves them
 
 
 def collect(params: ConfigFlipParams, ctx: RunContext) -> FlipData:
@@ -90,6 +95,26 @@ def planned_units(params: ConfigFlipParams) -> int:
     return len(params.flip.values) * (1 + params.traces + params.cost_split)
 
 
+def wanted_kinds(params: ConfigFlipParams) -> list[str]:
+    return ["measured", *([TRACE] if params.traces else []), *([PROFILE] if params.cost_split else [])]
+
+
+def shared_kinds(params: ConfigFlipParams, arm: FlipArm, done: Done) -> tuple[str, ...]:
+    """The arm's phases not done that its one server serves: measured, and each instrumented pass the engine
+    switches at run time."""
+    shareable = {"measured"} | switchable(arm.cfg.engine)
+    return tuple(k for k in wanted_kinds(params) if k in shareable and (arm.label, k) not in done)
+
+
+def arm_server_name(arm: FlipArm, used: set[str]) -> str:
+    """The arm's label; ARM-2, ARM-3, ... in a resumed run where a done phase's server had that name (`used`)."""
+    name, n = arm.label, 1
+    while name in used:
+        n += 1
+        name = f"{arm.label}-{n}"
+    return name
+
+
 def pairs_ahead(params: ConfigFlipParams, servers: list[tuple[str, EngineConfig]]) -> Ahead:
     """With starts_together 2: for the first server of each pair, the (name, config) to launch beside it."""
     if params.starts_together < 2:
@@ -115,27 +140,57 @@ def done_row(arm: FlipArm, kind: str, server_name: str, ready_s: float | None) -
 
 def measured_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], requests: list[ChatRequest],
                    done: Done, units: progress.Units) -> None:
-    """Every arm's measured unit in order (a done one skipped), servers started in pairs with starts_together 2."""
+    """Every arm's server in order (an arm with nothing left to serve on it skipped), serving its measured phase
+    and the instrumented passes its engine switches at run time; servers started in pairs with starts_together 2.
+    The folders of the passes to run are set aside first (a resumed run: a cut attempt's records are never read
+    as these), before any server starts."""
     warmup = warmup_requests(params)
-    ahead = pairs_ahead(params, [(arm.label, arm.cfg) for arm in arms if (arm.label, "measured") not in done])
+    used = {str(x) for x in ctx.load_frame(ARMS_FRAME)["server"]} if done and ctx.has_frame(ARMS_FRAME) else set()
+    plans = []
     for arm in arms:
-        if (arm.label, "measured") in done:
+        kinds = shared_kinds(params, arm, done)
+        if not kinds:
             units.skip(arm.label)
             continue
-        measured_unit(params, ctx, arm, requests, warmup, units, ahead)
+        if TRACE in kinds:
+            set_aside_folder(trace_folder(ctx, arm))
+        prof_dir = costsplit.profile_dir(ctx, profile_server_name(arm)) if PROFILE in kinds else None
+        cfg = with_instruments(arm.cfg, trace_dir=trace_folder(ctx, arm) if TRACE in kinds else None,
+                               profile_dir=prof_dir)
+        plans.append((arm, arm_server_name(arm, used), cfg, kinds))
+    ahead = pairs_ahead(params, [(name, cfg) for _, name, cfg, _ in plans])
+    for arm, name, cfg, kinds in plans:
+        arm_unit(params, ctx, arm, name, cfg, kinds, requests, warmup, units, ahead)
 
 
-def measured_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests: list[ChatRequest],
-                  warmup: list[ChatRequest], units: progress.Units, ahead: Ahead) -> None:
-    """One measured arm on its own server (its pair's partner launched beside it): warm-up, the window, then
-    its frames; the arms row last (it marks the arm done for a resume)."""
-    units.start(f"{arm.label} ({params.flip.field} = {arm.value})")
+def arm_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, name: str, cfg: EngineConfig,
+             kinds: tuple[str, ...], requests: list[ChatRequest], warmup: list[ChatRequest], units: progress.Units,
+             ahead: Ahead) -> None:
+    """One arm's server (its pair's partner launched beside it) serving `kinds` in order: the measured window
+    (warm-up, the window, its frames), then the trace pass, then the profiled pass, each with its arms row last."""
+    import time
+
     extra = {"experiment": EXPERIMENT, "field": params.flip.field, "value": arm.value,
-             "folder": str(arm.folder.path)}
-    start_partner(ctx, arm.label, ahead)
-    with harness.serve(arm.cfg, ctx, arm.label, extra=extra) as server:
-        window = measure_arm(server, params, requests, warmup)
-    save_measured(ctx, arm, window, server.ready_s)
+             "folder": str(arm.folder.path), "phases": [], "phase_s": {}}
+    start_partner(ctx, name, ahead)
+    with harness.serve(cfg, ctx, name, extra=extra) as server:
+        for kind in kinds:
+            t0 = time.monotonic()
+            if kind == "measured":
+                units.start(f"{name} ({params.flip.field} = {arm.value})")
+                save_measured(ctx, arm, measure_arm(server, params, requests, warmup), server.ready_s, name)
+            elif kind == TRACE:
+                traced = requests[: params.trace_num_prompts]
+                units.start(f"{name}: untimed trace pass, first {len(traced)} prompt(s)")
+                save_trace(ctx, arm, trace_pass(server, traced, trace_folder(ctx, arm)), name, server.ready_s)
+            else:
+                profiled = requests[: params.cost_split_num_prompts]
+                units.start(f"{name}: profiled pass, first {len(profiled)} prompt(s)")
+                split = costsplit.profile_phase(server, profiled, Path(ctx.run_dir) / costsplit.PROFILES_DIR
+                                                / profile_server_name(arm), lane=arm.label)
+                save_profile(ctx, arm, split, name, server.ready_s)
+            extra["phases"].append(kind)
+            extra["phase_s"][kind] = round(time.monotonic() - t0, 3)
 
 
 def measure_arm(server: Server, params: ConfigFlipParams, requests: list[ChatRequest],
@@ -146,12 +201,14 @@ def measure_arm(server: Server, params: ConfigFlipParams, requests: list[ChatReq
     return server.measure(requests, concurrency=params.concurrency)
 
 
-def save_measured(ctx: RunContext, arm: FlipArm, window: Window, ready_s: float | None) -> None:
+def save_measured(ctx: RunContext, arm: FlipArm, window: Window, ready_s: float | None,
+                  server_name: str | None = None) -> None:
     """The measured arm's requests and log intervals, then its arms row: saved after every arm, so a later arm's
     failure keeps what the earlier ones measured; the arms row goes last, it marks the arm done for a resume."""
     folder = arm.folder
     row = {
-        "arm": arm.label, "kind": "measured", "server": arm.label, "index": arm.index, "value": arm.value,
+        "arm": arm.label, "kind": "measured", "server": server_name or arm.label, "index": arm.index,
+        "value": arm.value,
         "is_original": (not folder.field_was_added) and flip.same_json(folder.value, folder.original_value),
         "folder": str(folder.path), "requests": len(window.records), "elapsed_s": window.wall_s,
         "ready_s": ready_s, **window.acceptance.counts(),
@@ -185,7 +242,7 @@ def trace_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], 
                 done: Done, units: progress.Units) -> None:
     """Every arm's trace pass in order (a done one skipped). The passes to run have their folders set aside first
     (a resumed run: the cut attempt's records are never read as these), before any trace server starts."""
-    todo = [arm for arm in arms if (arm.label, "trace") not in done]
+    todo = [arm for arm in arms if (arm.label, "trace") not in done and TRACE not in switchable(arm.cfg.engine)]
     for arm in todo:
         set_aside_folder(trace_folder(ctx, arm))
     ahead = pairs_ahead(params, [(trace_server_name(arm), traced_config(arm.cfg, trace_folder(ctx, arm)))
@@ -193,8 +250,8 @@ def trace_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], 
     for arm in arms:
         if (arm.label, "trace") in done:
             units.skip(trace_server_name(arm))
-            continue
-        trace_unit(params, ctx, arm, requests, units, ahead)
+        elif arm in todo:
+            trace_unit(params, ctx, arm, requests, units, ahead)
 
 
 def trace_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests: list[ChatRequest],
@@ -207,9 +264,14 @@ def trace_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests
     start_partner(ctx, name, ahead)
     with harness.serve(traced_config(arm.cfg, folder), ctx, name, extra=extra) as server:
         trace_set = trace_pass(server, traced, folder)
+    save_trace(ctx, arm, trace_set, name, server.ready_s)
+
+
+def save_trace(ctx: RunContext, arm: FlipArm, trace_set: TraceSet, name: str, ready_s: float | None) -> None:
+    """The arm's trace frames, then its done row."""
     for frame_name, frame in trace_frames(trace_set, arm.cfg).items():
         ctx.append_frame(frame_name, keyed(frame, arm.label, "trace"))
-    ctx.append_frame(ARMS_FRAME, done_row(arm, "trace", name, server.ready_s))
+    ctx.append_frame(ARMS_FRAME, done_row(arm, "trace", name, ready_s))
 
 
 def trace_frames(trace_set: TraceSet, cfg: EngineConfig) -> dict[str, pd.DataFrame]:
@@ -232,12 +294,13 @@ def profile_server_name(arm: FlipArm) -> str:
 
 def profile_units(params: ConfigFlipParams, ctx: RunContext, arms: list[FlipArm], requests: list[ChatRequest],
                   done: Done, units: progress.Units) -> None:
-    """Every arm's profiled pass in order (a done one skipped)."""
+    """Every arm's profiled pass on a server of its own (a done one skipped), where the engine cannot switch its
+    profiler at run time (else the arm's server served it)."""
     for arm in arms:
         if (arm.label, "profile") in done:
             units.skip(profile_server_name(arm))
-            continue
-        profile_unit(params, ctx, arm, requests, units)
+        elif PROFILE not in switchable(arm.cfg.engine):
+            profile_unit(params, ctx, arm, requests, units)
 
 
 def profile_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, requests: list[ChatRequest],
@@ -247,5 +310,10 @@ def profile_unit(params: ConfigFlipParams, ctx: RunContext, arm: FlipArm, reques
     profiled = requests[: params.cost_split_num_prompts]
     units.start(f"{name} (profiled pass, first {len(profiled)} prompt(s))")
     split = costsplit.profiled_pass(arm.cfg, profiled, ctx, name=name, lane=arm.label)
+    save_profile(ctx, arm, split, name, None)
+
+
+def save_profile(ctx: RunContext, arm: FlipArm, split: costsplit.CostSplit, name: str, ready_s: float | None) -> None:
+    """The arm's cost split, then its done row."""
     ctx.append_frame(COST_SPLIT_FRAME, keyed(costsplit.splits_frame([split]), arm.label, "profile"))
-    ctx.append_frame(ARMS_FRAME, done_row(arm, "profile", name, None))
+    ctx.append_frame(ARMS_FRAME, done_row(arm, "profile", name, ready_s))

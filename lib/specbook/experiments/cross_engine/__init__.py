@@ -1,12 +1,14 @@
 """Cross-engine comparison: our engine against a pinned oracle engine, with guards before any ratio.
 
-The same target weights, lanes, prompts and decoding on both sides (the params enforce it); one fresh server per
-side x lane; a cell (lane x prompt) is compared only where its guards pass, and timed on equal decode work.
+The same target weights, lanes, prompts and decoding on both sides (the params enforce it); one server per
+side x lane serving its phases (timed, equal work, trace, profile) where its engine allows it; a cell
+(lane x prompt) is compared only where its guards pass, and timed on equal decode work.
 
   params.py      the params schema (sides, lanes, prompts, optional passes) and its matched-work rules
   data.py        the run folder's frames and units of work; CrossData and load
   cells.py       per-cell guards, ratios and acceptance; the per-lane headlines
-  collection.py  collect: pins, weights, then each side x lane's timed / trace / profile / equal-work units
+  collection.py  collect: pins, weights, then each side x lane's timed / equal-work / trace / profile phases
+  phases.py      which servers a side x lane starts and which phases each serves, in order
   tables.py      the report's descriptive tables: pins, weights, set-ups, per-position acceptance, cost split
   analysis.py    analyze -> CrossResult; cross_answer, the report's summary block
   guards.py, pins.py, setups.py, timing.py, traces.py   output guards, version pins, set-up facts, timing on

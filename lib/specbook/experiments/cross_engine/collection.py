@@ -1,7 +1,8 @@
-"""Cross-engine collection: check pins, derive weights, then serve each side x lane's units of work (timed, trace,
-profile, equal work), saving their frames as each ends.
+"""Cross-engine collection: check pins, derive weights, then serve each side x lane's phases (timed, equal work,
+trace, profile: units of work), saving their frames as each ends.
 
-Per lane x side: one fresh server. Per prompt on it: one cold request (not timed; its raw response,
+Per lane x side: one server for its phases where its engine switches its instruments at run time, else a
+server per instrumented phase besides (specbook.experiments.cross_engine.phases). Per prompt in the timed phase: one cold request (not timed; its raw response,
 with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
 a second snapshot; where their decode wall is shorter than `timing.min_timed_wall_s`, one more window of
 as many repeats as it still needs. Warm tok/s = completion_tokens / whole-request wall time; the headline is
@@ -25,7 +26,7 @@ import pandas as pd
 from specbook.core import request_failures
 from specbook.core.acceptance import Acceptance
 from specbook.engines import EngineConfig
-from specbook.experiments.cross_engine import timing
+from specbook.experiments.cross_engine import phases, timing
 from specbook.experiments.cross_engine import traces as cet
 from specbook.experiments.cross_engine.cells import _tokens, cell_guards, prompt_texts, request_failure_table
 from specbook.experiments.cross_engine.data import (
@@ -110,9 +111,10 @@ def _weights_proof(params: CrossEngineParams) -> dict[str, Any]:
 
 
 def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
-    """Check pins (abort before measuring), derive weights, then serve each lane on each side in turn.
+    """Check pins (abort before measuring), derive weights, then serve each lane's sides in turn, each side x lane's
+    phases on as few servers as its engine allows (specbook.experiments.cross_engine.phases).
 
-    A resumed run (specbook.store.units) skips the side x lane x kind servers the folder holds as done."""
+    A resumed run (specbook.store.units) skips the side x lane x kind phases the folder holds as done."""
     from specbook.core import progress
 
     pins = check_all_pins(params)
@@ -128,43 +130,140 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     done = done_units(ctx, UNITS)
     saved_cold = ctx.load_json(COLD_JSON) if done and (Path(ctx.data_dir) / f"{COLD_JSON}.json").exists() else []
     cold: list[dict[str, Any]] = [c for c in saved_cold if (c["side"], c["lane"], "timed") in done]
-    units = progress.Units("cross-engine server", _planned_servers(params))  # console only (specbook.core.progress)
+    run = _Collection(params, ctx, prompts, tokenizer, cold, done,
+                      progress.Units("cross-engine phase", _planned_phases(params)))  # console only
+    order = phases.side_order({which: params.side(which).engine.engine for which in SIDES})
     for lane in params.lanes:
-        for which in ("oracle", "ours"):
-            if (which, lane.name, "timed") in done:
-                units.skip(f"{which} / lane {lane.name}")
-            else:
-                _timed_unit(params, ctx, which, lane, prompts, tokenizer, cold, units)
-            _extra_passes(params, ctx, which, lane, prompts, done, units)
-    if params.equal_work.enabled:
-        _equal_work(params, ctx, prompts, tokenizer, done, units)
+        for i, which in enumerate(order):
+            run.side_lane(which, lane, equal_now=i == len(order) - 1)
+        if params.equal_work.enabled:  # the sides served before the last: their re-runs on servers of their own
+            for which in order[:-1]:
+                run.side_lane(which, lane, equal_now=False, only=("equal_work",))
     return load(ctx)
 
 
-def _timed_unit(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[ChatRequest],
-                tokenizer: Any, cold: list[dict[str, Any]], units: Any) -> None:
-    """One side x lane's timed server: per prompt a cold request, then the warm repeats (measure_cell)."""
-    from specbook.measure import harness
+def _wanted(params: CrossEngineParams, lane: LaneSpec) -> list[str]:
+    """The lane's phases, per side: timed always; equal_work, trace and profile where the params ask for them."""
+    return ["timed", *(["equal_work"] if params.equal_work.enabled else []),
+            *(["trace"] if params.traces.enabled and _traced(lane) else []),
+            *(["profile"] if _profiled(params, lane) else [])]
 
-    side = params.side(which)
-    cfg = lane_config(side, lane)
-    label = f"{side.label}-{lane.name}"
-    units.start(f"{label} ({which}, {len(prompts)} prompts)")
+
+def _planned_phases(params: CrossEngineParams) -> int:
+    per_side = sum(len([p for p in _wanted(params, lane) if p != "equal_work"]) for lane in params.lanes)
+    return 2 * per_side  # equal-work phases are counted once known
+
+
+@dataclass
+class _Collection:
+    """One collect call's state: what is done, the cold responses so far, the console's phase count."""
+
+    params: CrossEngineParams
+    ctx: Any
+    prompts: list[ChatRequest]
+    tokenizer: Any
+    cold: list[dict[str, Any]]
+    done: set
+    units: Any
+
+    def side_lane(self, which: str, lane: LaneSpec, *, equal_now: bool, only: tuple[str, ...] | None = None) -> None:
+        """The side x lane's phases not done (`only`: these of them), server by server (phases.plan_servers)."""
+        side = self.params.side(which)
+        label = f"{side.label}-{lane.name}"
+        wanted = [p for p in _wanted(self.params, lane) if (only is None or p in only)
+                  and (equal_now or only is not None or p != "equal_work")]
+        done = {kind for (s, ln, kind) in self.done if s == which and ln == lane.name}
+        for p in wanted:
+            if p in done:
+                self.units.skip(f"{label} {p}")
+        if "equal_work" in wanted and "equal_work" not in done and ("timed" in done or only is not None):
+            if not self._equal_cells(lane):  # known before any server: nothing to re-run, no server for it
+                wanted.remove("equal_work")
+        used = set(self.ctx.load_frame(SERVERS_FRAME)["server"]) if self.ctx.has_frame(SERVERS_FRAME) else set()
+        for plan in phases.plan_servers(label, wanted, done, side.engine.engine, equal_now=equal_now,
+                                        used_names={str(u) for u in used}):
+            self._serve(which, side, lane, plan)
+
+    def _equal_cells(self, lane: LaneSpec) -> list[EqualWorkCell]:
+        return equal_work_plan(load(self.ctx), self.params).get(lane.name, [])
+
+    def _serve(self, which: str, side: SideSpec, lane: LaneSpec, plan: phases.ServerPlan) -> None:
+        """One server for `plan.phases`, launched with the instruments of those phases installed (off until
+        theirs); each phase's rows saved, then its servers row (the unit is done)."""
+        import time
+
+        from specbook.measure import costsplit, harness
+        from specbook.measure.instruments import with_instruments
+
+        base = f"{side.label}-{lane.name}"
+        cfg = lane_config(side, lane)
+        trace_folder = Path(self.ctx.run_dir) / "traces" / f"{base}-trace"
+        prof_dir = costsplit.profile_dir(self.ctx, f"{base}-prof") if "profile" in plan.phases else None
+        if "trace" in plan.phases:
+            set_aside_folder(trace_folder)  # an unfinished earlier attempt's records: kept beside, never read
+        cfg = with_instruments(cfg, trace_dir=trace_folder if "trace" in plan.phases else None, profile_dir=prof_dir)
+        extra: dict[str, Any] = {"experiment": "cross_engine", "side": which, "lane": lane.name, "phases": [],
+                                 "phase_s": {}}
+        if len(plan.phases) == 1 and plan.phases[0] != "timed":
+            extra["pass"] = plan.phases[0]
+        if plan.phases == ("profile",):
+            extra["profiled_pass"] = True
+        with harness.serve(cfg, self.ctx, plan.name, extra=extra) as server:
+            for phase in plan.phases:
+                t0 = time.monotonic()
+                ran = self._phase(phase, server, which, side, lane, trace_folder, prof_dir)
+                if ran:
+                    extra["phases"].append(phase)
+                    extra["phase_s"][phase] = round(time.monotonic() - t0, 3)
+                    _server_done(self.ctx, server, plan.name, which, side, lane, phase)
+
+    def _phase(self, phase: str, server: Any, which: str, side: SideSpec, lane: LaneSpec, trace_folder: Path,
+               prof_dir: Path | None) -> bool:
+        """Run one phase on `server`, saving its frames; False where it had nothing to do (no equal-work cell)."""
+        params, ctx = self.params, self.ctx
+        if phase == "timed":
+            self.units.start(f"{server.name}: timed ({which}, {len(self.prompts)} prompts)")
+            _timed_phase(params, ctx, server, which, lane, self.prompts, self.tokenizer, self.cold)
+        elif phase == "equal_work":
+            cells = self._equal_cells(lane)
+            if not cells:
+                return False
+            self.units.total += 1  # known only now
+            self.units.start(f"{server.name}: equal work ({which}, {len(cells)} cells re-run on their common prefix)")
+            _equal_work_phase(params, ctx, server, which, lane, self.prompts, self.tokenizer, cells)
+        elif phase == "trace":
+            self.units.start(f"{server.name}: trace ({which}, untimed trace pass, {len(self.prompts)} prompts)")
+            _trace_phase(params, ctx, server, which, lane, self.prompts, trace_folder)
+        else:
+            from specbook.measure import costsplit
+
+            self.units.start(f"{server.name}: profile ({which}, profiled pass)")
+            requests = [build_request(params, p) for p in self.prompts[: params.cost_split.num_prompts]]
+            assert prof_dir is not None
+            split = costsplit.profile_phase(server, requests, prof_dir, lane=lane.name, engine_label=side.label)
+            frame = costsplit.splits_frame([split])
+            frame.insert(0, "side", which)
+            frame.insert(2, "kind", "profile")
+            ctx.append_frame(COST_SPLIT_FRAME, frame)
+        return True
+
+
+def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, lane: LaneSpec,
+                 prompts: list[ChatRequest], tokenizer: Any, cold: list[dict[str, Any]]) -> None:
+    """A side x lane's timed pass: per prompt a cold request, then the warm repeats (measure_cell)."""
+    cfg = server.cfg
     request_frames, cell_rows = [], []
-    extra = {"experiment": "cross_engine", "side": which, "lane": lane.name}
-    with harness.serve(cfg, ctx, label, extra=extra) as server:
-        for prompt in prompts:
-            cold_resp = server.post_raw(build_request(params, prompt))
-            cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.prompt_id, "response": cold_resp})
-            windows = measure_cell(server, lambda i, p=prompt: build_request(params, p, repeat=i), params.warm_repeats,
-                                   params.timing)
-            request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
-            cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, windows, cold_resp))
-    # Saved after every server: a later failure keeps what the earlier ones measured.
+    for prompt in prompts:
+        cold_resp = server.post_raw(build_request(params, prompt))
+        cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.prompt_id, "response": cold_resp})
+        windows = measure_cell(server, lambda i, p=prompt: build_request(params, p, repeat=i), params.warm_repeats,
+                               params.timing)
+        request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
+        cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, windows, cold_resp))
+    # Saved after every phase: a later failure keeps what the earlier ones measured.
     ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True).assign(kind="timed"))
     ctx.append_frame(CELLS_FRAME, pd.DataFrame(cell_rows).assign(kind="timed"))
     ctx.save_json(COLD_JSON, cold)
-    _server_done(ctx, server, label, which, side, lane, "timed")
 
 
 def measure_cell(server: Any, build: Any, repeats: int, spec: TimingSpec) -> list[Any]:
@@ -180,7 +279,7 @@ def measure_cell(server: Any, build: Any, repeats: int, spec: TimingSpec) -> lis
 
 
 def _server_done(ctx: Any, server: Any, label: str, which: str, side: SideSpec, lane: LaneSpec, kind: str) -> None:
-    """The unit's servers row, appended last: the unit is done."""
+    """The phase's servers row, appended last: the unit is done."""
     ctx.append_frame(SERVERS_FRAME, pd.DataFrame([{
         "server": label, "side": which, "label": side.label, "engine": side.engine.engine, "lane": lane.name,
         "ready_s": server.ready_s if server is not None else math.nan,
@@ -195,54 +294,20 @@ def _profiled(params: CrossEngineParams, lane: LaneSpec) -> bool:
     return params.cost_split.enabled and (params.cost_split.lanes is None or lane.name in params.cost_split.lanes)
 
 
-def _planned_servers(params: CrossEngineParams) -> int:
-    per_side = len(params.lanes) + sum(params.traces.enabled and _traced(lane) for lane in params.lanes) \
-        + sum(_profiled(params, lane) for lane in params.lanes)
-    return 2 * per_side  # equal-work servers are counted once known
+def _trace_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, lane: LaneSpec,
+                 prompts: list[ChatRequest], folder: Path) -> None:
+    """The side x lane's untimed trace pass (tracing on only for it where the engine switches it at run time)."""
+    from specbook.measure.tracepass import trace_pass
 
-
-def _extra_passes(params: CrossEngineParams, ctx: Any, which: str, lane: LaneSpec, prompts: list[ChatRequest],
-                  done: set, units: Any) -> None:
-    """The side x lane's untimed trace pass and its profiled pass, each its own server and unit, after its
-    timed server (tracing and profiling slow a server down: never in a timed one)."""
-    from specbook.measure import costsplit, harness
-    from specbook.measure.tracepass import trace_pass, traced_config
-
-    side = params.side(which)
-    cfg = lane_config(side, lane)
-    if params.traces.enabled and _traced(lane):
-        label = f"{side.label}-{lane.name}-trace"
-        if (which, lane.name, "trace") in done:
-            units.skip(label)
-        else:
-            units.start(f"{label} ({which}, untimed trace pass, {len(prompts)} prompts)")
-            folder = Path(ctx.run_dir) / "traces" / label
-            set_aside_folder(folder)  # an unfinished earlier attempt's records: kept beside, never read
-            requests = [build_request(params, p) for p in prompts]
-            extra = {"experiment": "cross_engine", "side": which, "lane": lane.name, "pass": "trace"}
-            with harness.serve(traced_config(cfg, folder), ctx, label, extra=extra) as server:
-                ts = trace_pass(server, requests, folder)
-            frames = cet.trace_frames(ts, which, lane.name)
-            spec = lane.speculative_config or {}
-            if params.traces.replay and ts.method == "draft_model" and ts.untraceable is None:
-                ref = cet.replay_for(ts, str(spec["model"]), int(spec.get("num_speculative_tokens") or 1))
-                frames[cet.TRACE_REFERENCE] = cet.reference_frame(ref, which, lane.name)
-            for name, frame in frames.items():
-                ctx.append_frame(name, frame)
-            _server_done(ctx, server, label, which, side, lane, "trace")
-    if _profiled(params, lane):
-        label = f"{side.label}-{lane.name}-prof"
-        if (which, lane.name, "profile") in done:
-            units.skip(label)
-        else:
-            units.start(f"{label} ({which}, profiled pass)")
-            requests = [build_request(params, p) for p in prompts[: params.cost_split.num_prompts]]
-            split = costsplit.profiled_pass(cfg, requests, ctx, name=label, lane=lane.name, engine_label=side.label)
-            frame = costsplit.splits_frame([split])
-            frame.insert(0, "side", which)
-            frame.insert(2, "kind", "profile")
-            ctx.append_frame(COST_SPLIT_FRAME, frame)
-            _server_done(ctx, None, label, which, side, lane, "profile")
+    requests = [build_request(params, p) for p in prompts]
+    ts = trace_pass(server, requests, folder)
+    frames = cet.trace_frames(ts, which, lane.name)
+    spec = lane.speculative_config or {}
+    if params.traces.replay and ts.method == "draft_model" and ts.untraceable is None:
+        ref = cet.replay_for(ts, str(spec["model"]), int(spec.get("num_speculative_tokens") or 1))
+        frames[cet.TRACE_REFERENCE] = cet.reference_frame(ref, which, lane.name)
+    for name, frame in frames.items():
+        ctx.append_frame(name, frame)
 
 
 @dataclass(frozen=True)
@@ -286,41 +351,24 @@ def equal_work_plan(data: CrossData, params: CrossEngineParams) -> dict[str, lis
     return plan
 
 
-def _equal_work(params: CrossEngineParams, ctx: Any, sent: list[ChatRequest], tokenizer: Any, done: set,
-                units: Any) -> None:
-    """Re-run each planned cell on both sides with max_tokens = its common prefix (ignore_eos): equal work."""
-    from specbook.measure import harness
+def _equal_work_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, lane: LaneSpec,
+                      sent: list[ChatRequest], tokenizer: Any, cells: list[EqualWorkCell]) -> None:
+    """Re-run each planned cell with max_tokens = its common prefix (ignore_eos): equal work."""
     from specbook.traces.equalwork import equal_work_request
 
-    plan = equal_work_plan(load(ctx), params)
     prompts = {p.prompt_id: p for p in sent}
     repeats = params.equal_work.warm_repeats or params.warm_repeats
-    units.total += 2 * len(plan)  # known only now
-    for lane in params.lanes:
-        if lane.name not in plan:
-            continue
-        for which in ("oracle", "ours"):
-            side = params.side(which)
-            label = f"{side.label}-{lane.name}-equal"
-            if (which, lane.name, "equal_work") in done:
-                units.skip(label)
-                continue
-            units.start(f"{label} ({which}, {len(plan[lane.name])} cells re-run on their common prefix)")
-            cfg = lane_config(side, lane)
-            frames = []
-            extra = {"experiment": "cross_engine", "side": which, "lane": lane.name, "pass": "equal_work"}
-            with harness.serve(cfg, ctx, label, extra=extra) as server:
-                for cell in plan[lane.name]:
-                    prompt = prompts[cell.prompt]
-                    def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: ChatRequest = prompt) -> Any:
-                        return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
-                    server.post_raw(equal(None))  # cold, not timed
-                    windows = measure_cell(server, equal, repeats, params.timing)
-                    frame = _windows_frame(windows, which, cfg.engine, lane.name, cell.prompt, tokenizer)
-                    frame["max_tokens"] = cell.tokens
-                    frames.append(frame)
-            ctx.append_frame(EQUAL_WORK_FRAME, pd.concat(frames, ignore_index=True).assign(kind="equal_work"))
-            _server_done(ctx, server, label, which, side, lane, "equal_work")
+    frames = []
+    for cell in cells:
+        prompt = prompts[cell.prompt]
+        def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: ChatRequest = prompt) -> Any:
+            return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
+        server.post_raw(equal(None))  # cold, not timed
+        windows = measure_cell(server, equal, repeats, params.timing)
+        frame = _windows_frame(windows, which, server.cfg.engine, lane.name, cell.prompt, tokenizer)
+        frame["max_tokens"] = cell.tokens
+        frames.append(frame)
+    ctx.append_frame(EQUAL_WORK_FRAME, pd.concat(frames, ignore_index=True).assign(kind="equal_work"))
 
 
 def _windows_frame(windows: list[Any], side: str, engine: str, lane: str, prompt: str, tokenizer: Any) -> pd.DataFrame:

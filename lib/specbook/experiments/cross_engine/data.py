@@ -24,9 +24,11 @@ WEIGHTS_JSON = "weights"
 WORKLOAD_JSON = "workload"  # the workload draw's selection record (source, sha256, seed, ids); absent without one
 EQUAL_WORK_FRAME = "equal_work_requests"
 COST_SPLIT_FRAME = "cost_split"
-# A unit of work is one side x lane x kind server: kind "timed" (all its prompt cells), "trace" (the untimed
+# A unit of work is one side x lane x kind phase: kind "timed" (all its prompt cells), "trace" (the untimed
 # trace pass), "profile" (the cost split's profiled pass), "equal_work" (diverged cells re-run on their common
-# prefix). Its servers row (appended last) says it finished; runs saved before kinds existed are all "timed".
+# prefix). Its servers row (appended last, naming the server that served it: one server may serve several
+# phases, specbook.experiments.cross_engine.phases) says it finished; runs saved before kinds existed are all
+# "timed".
 UNIT_KINDS = ("timed", "trace", "profile", "equal_work")
 UNITS = register_units("cross_engine", Units(
     done_frame=SERVERS_FRAME, key=("side", "lane", "kind"),
