@@ -102,11 +102,12 @@ check_runs() {  # every entry's params load (with its overrides), before anythin
   return $ok
 }
 
-build_llama() {
-  # nice'd and on half the cores: the servers run meanwhile, and their tok/s must not pay for it
-  cd "$LLAMA" && nice -n 19 cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+build_llama() {  # NICE JOBS
+  # a run before cross_engine: nice'd and on half the cores (the servers run meanwhile, and their tok/s must not
+  # pay for it); cross_engine first: all cores, since nothing is timed until its first server starts
+  cd "$LLAMA" && nice -n "$1" cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-    -DCMAKE_BUILD_TYPE=Release && nice -n 19 cmake --build build --target llama-server -j 8
+    -DCMAKE_BUILD_TYPE=Release && nice -n "$1" cmake --build build --target llama-server -j "$2"
 }
 
 newest_run() {  # EXPERIMENT -> its newest run folder (run ids start with the UTC start time)
@@ -139,8 +140,11 @@ run_all() {
   nvidia-smi > "$STATE/nvidia-smi.txt" 2>&1
   nvidia-smi -q > "$STATE/nvidia-smi-q.txt" 2>&1   # verbatim, for parser fixtures
   local runs=${BOOK_RUNS:-$DEFAULT_RUNS} t0=$SECONDS build_pid="" entry
-  if [[ " $runs" == *" cross_engine:"* ]]; then
-    (build_llama > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
+  if [[ " $runs" == " cross_engine:"* ]]; then    # the first run: the build has the machine (beside the models)
+    (build_llama 0 "$(nproc)" > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
+    build_pid=$!
+  elif [[ " $runs" == *" cross_engine:"* ]]; then
+    (build_llama 19 8 > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
     build_pid=$!
   fi
   # byte-compile the carried packages (installed --no-compile) while the models are prepared: the first
@@ -162,7 +166,7 @@ run_all() {
     if [ "$ENTRY_EXP" = cross_engine ]; then
       say "llama.cpp: waiting for the CUDA build"
       [ -n "$build_pid" ] && wait "$build_pid"
-      tail -3 "$STATE/llama-build.log"
+      tail -3 "$STATE/llama-build.log"; say "llama.cpp: built ($((SECONDS - t0)) s after the runs began)"
       if [ ! -x "$LLAMA/build/bin/llama-server" ]; then
         say "$ENTRY_TAG: skipped, llama-server did not build (see llama-build.log)"
         echo "$ENTRY_TAG no-llama-server" >> "$STATE/skipped"; continue

@@ -135,3 +135,36 @@ def test_replay_cache_walk_equals_a_fresh_generate_at_each_anchor():
     assert greedy_proposals(lm, seq, list(reversed(anchors)), K) == list(reversed(fresh))  # the caller's order
     with pytest.raises(ValueError, match="anchors must lie in 1..37"):
         greedy_proposals(lm, seq, [0, 5], K)
+
+
+class _CountingLM:
+    """The draft, counting its forward passes."""
+
+    def __init__(self, lm):
+        self.lm, self.forwards = lm, 0
+
+    def __call__(self, *args, **kwargs):
+        self.forwards += 1
+        return self.lm(*args, **kwargs)
+
+
+def test_replayer_remembers_a_sequence_and_each_anchor_stands_alone():
+    # the other side's identical output is replayed from the memo, with what computing it again gives
+    from specbook.traces.replay import DraftReplayer
+
+    lm = load_draft(DRAFT_INT4)
+    seq = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 314, 2, 198, 1, 4093, 198, 19161,
+           260, 1932, 216, 33, 30, 2683, 24, 1302, 2, 198, 1, 520, 9531, 198, 504, 1296, 338, 253, 10589]
+    anchors = [2, 9, 20, 30, len(seq)]
+    counting = _CountingLM(lm)
+    replay = DraftReplayer(counting)
+    first = replay.proposals(seq, anchors, K)
+    computed_forwards = counting.forwards
+    assert computed_forwards == 1 + len(anchors) * K  # one prefill, then k steps per anchor
+    assert replay.proposals(seq, [20, 2], K) == [first[2], first[0]]
+    assert counting.forwards == computed_forwards and (replay.computed, replay.reused) == (len(anchors), 2)
+    # a proposal depends on the sequence and its anchor alone, not on which other anchors were asked with it
+    assert DraftReplayer(lm).proposals(seq, [20], K) == [first[2]]
+    other = seq[:-1] + [seq[-1] + 1]  # another sequence: computed, not taken from the memo
+    replay.proposals(other, [len(other)], K)
+    assert counting.forwards == computed_forwards + 1 + K and replay.computed == len(anchors) + 1

@@ -80,8 +80,9 @@ def trace_set_frames(ts: Any) -> dict[str, pd.DataFrame]:
 
 
 def replay_for(ts: Any, draft_model: str, k: int, lm: Any | None = None) -> pd.DataFrame:
-    """The replay reference (specbook.traces.replay) for a TraceSet's verified steps."""
-    from specbook.traces.replay import load_draft, replay_reference
+    """The replay reference (specbook.traces.replay) for a TraceSet's verified steps; the draft loaded once per
+    process (`replayer`), so a sequence another pass already replayed is not computed again."""
+    from specbook.traces.replay import replay_reference, replayer
 
     steps = ts.steps()
     steps["request_id"] = steps["request_id"].astype(str)
@@ -89,7 +90,16 @@ def replay_for(ts: Any, draft_model: str, k: int, lm: Any | None = None) -> pd.D
     verified = steps[steps["status"] == VERIFIED]
     if verified.empty or not seqs:
         return pd.DataFrame(columns=["request_id", "anchor_pos", "reference"])
-    return replay_reference(lm if lm is not None else load_draft(draft_model), verified, seqs, k)
+    if lm is not None:
+        return replay_reference(lm, verified, seqs, k)
+    from specbook.core import progress
+
+    replay = replayer(str(draft_model))
+    before = replay.computed, replay.reused
+    frame = replay_reference(replay, verified, seqs, k)
+    progress.note(f"replay of {draft_model}: {replay.computed - before[0]} anchors computed, "
+                  f"{replay.reused - before[1]} reused from an identical sequence")
+    return frame
 
 
 def pass_agreement(p: Mapping[str, Any], steps: pd.DataFrame) -> dict[str, Any]:
