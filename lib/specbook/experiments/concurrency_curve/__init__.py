@@ -37,6 +37,7 @@ from specbook.engines import with_log_stats_interval
 from specbook.engines.base import EngineConfig
 from specbook.executors import ExecutorParams, placement
 from specbook.experiments.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
+from specbook.experiments.concurrency_curve import bound
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.store.units import Units, done_units, register_units
 from specbook.workloads.params import WorkloadParams
@@ -156,6 +157,7 @@ def level_row(window: Any, level: int) -> dict[str, Any]:
         "tpot_ms": 1000 * _median([r.tpot_s for r in ok]),
         "itl_ms": 1000 * _median(itl),
         **window.acceptance.counts(COUNTER),
+        **(window.client_cpu.columns() if getattr(window, "client_cpu", None) is not None else {}),
     }
 
 
@@ -449,11 +451,14 @@ class CurveResult:
                                 if pd.notna(p) else "")))
         for arm, level in self.saturation.items():
             sweeps = int(self.windows.loc[self.windows["arm"] == arm, "sweep"].nunique())
+            side = bound.bound(self.windows, arm, level)
             heads.append(report_view.Headline(
                 f"{arm}: throughput",
-                (f"SATURATES AT {level}" if level is not None else "STILL GROWING") + f" {verdicts.RUN_SCOPE}", None,
+                (f"SATURATES AT {level}" if level is not None else "STILL GROWING")
+                + (f", {side.word}" if side is not None else "") + f" {verdicts.RUN_SCOPE}", None,
                 ("tok/s grows < 5% per doubling of concurrency past this level" if level is not None
-                 else f"tok/s still grows >= 5% per doubling at {hi_level}") + f" (means of {sweeps} sweeps)",
+                 else f"tok/s still grows >= 5% per doubling at {hi_level}") + f" (means of {sweeps} sweeps)"
+                + (f"; {side.text()}" if side is not None else ""),
                 "no interval: read from the means of the sweeps"))
         w = self.windows
         return report_view.Summary(

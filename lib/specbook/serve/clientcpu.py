@@ -1,0 +1,137 @@
+"""The measuring client's own CPU use over a window: is the client, not the engine, the limit?
+
+One asyncio event loop runs a window's requests. `LoopMeter` reads, on the loop's thread, the thread's CPU time
+(from the OS), the process's CPU time and the thread's run-queue wait (/proc/thread-self/schedstat: time spent
+runnable but not running) at the window's start and end. A loop that used SATURATED_SHARE of a core or more
+over the window was near saturation: chunks waited in the socket buffers for it, and the window's tok/s and
+latencies may be the client's, not the engine's. Each window's figures go to the run's `data/client_cpu.jsonl`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CLIENT_CPU_NAME = "client_cpu.jsonl"  # in data/
+SATURATED_SHARE = 0.8  # of one core, for the event loop's thread
+_SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def _runq_wait_s() -> float | None:
+    """This thread's time spent waiting on a run queue so far (Linux schedstat), None where unreadable."""
+    try:
+        fields = _SCHEDSTAT.read_text().split()
+        return int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class ClientCpu:
+    """The client's CPU over one window: wall time, its loop thread's CPU and run-queue wait, its process's CPU
+    (the loop, plus any other thread of the process), the number of requests it sent."""
+
+    wall_s: float
+    loop_cpu_s: float
+    process_cpu_s: float
+    runq_wait_s: float | None = None
+    requests: int = 0
+    processes: int = 1
+
+    @property
+    def loop_share(self) -> float:
+        """The loop thread's CPU over the wall time: 1.0 is one core busy all the window (per process)."""
+        return self.loop_cpu_s / (self.wall_s * self.processes) if self.wall_s > 0 else float("nan")
+
+    @property
+    def runq_share(self) -> float | None:
+        """Share of the window the loop was runnable but waited for a core (the host took it)."""
+        if self.runq_wait_s is None or self.wall_s <= 0:
+            return None
+        return self.runq_wait_s / (self.wall_s * self.processes)
+
+    @property
+    def saturated(self) -> bool:
+        return self.loop_share >= SATURATED_SHARE
+
+    @property
+    def cpu_ms_per_request(self) -> float | None:
+        return 1000 * self.process_cpu_s / self.requests if self.requests else None
+
+    def record(self, server: str) -> dict[str, object]:
+        """One line of data/client_cpu.jsonl."""
+        return {"server": server, **asdict(self), "loop_share": self.loop_share, "runq_share": self.runq_share,
+                "saturated": self.saturated}
+
+    def columns(self) -> dict[str, object]:
+        """The client_* columns of a windows table."""
+        return {"client_loop_share": self.loop_share, "client_runq_share": self.runq_share,
+                "client_cpu_ms_per_req": self.cpu_ms_per_request, "client_saturated": self.saturated}
+
+    def note(self, server: str) -> str | None:
+        """The report's line for a saturated client, None otherwise."""
+        if not self.saturated:
+            return None
+        return (f"{server}: the client's event loop used {self.loop_share:.0%} of a core over the window "
+                f"(saturated at {SATURATED_SHARE:.0%}): its tok/s and latencies may be the client's limit, "
+                "not the engine's")
+
+
+def combine(parts: list[ClientCpu]) -> ClientCpu:
+    """Several client processes' figures over one window as one: CPU and waits summed, the longest wall."""
+    waits = [p.runq_wait_s for p in parts]
+    return ClientCpu(
+        wall_s=max(p.wall_s for p in parts), loop_cpu_s=sum(p.loop_cpu_s for p in parts),
+        process_cpu_s=sum(p.process_cpu_s for p in parts),
+        runq_wait_s=None if any(w is None for w in waits) else sum(w for w in waits if w is not None),
+        requests=sum(p.requests for p in parts), processes=sum(p.processes for p in parts))
+
+
+class LoopMeter:
+    """Started on the event loop's thread; `stop()` there gives the ClientCpu since the start."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.thread0 = time.thread_time()
+        self.process0 = time.process_time()
+        self.runq0 = _runq_wait_s()
+
+    def stop(self, requests: int = 0) -> ClientCpu:
+        runq = _runq_wait_s()
+        return ClientCpu(
+            wall_s=time.perf_counter() - self.t0, loop_cpu_s=time.thread_time() - self.thread0,
+            process_cpu_s=time.process_time() - self.process0,
+            runq_wait_s=None if runq is None or self.runq0 is None else runq - self.runq0, requests=requests)
+
+
+def read_records(run_dir: str | Path) -> list[dict[str, object]]:
+    """The run's per-window client CPU records (a torn last line is skipped)."""
+    import json
+
+    try:
+        lines = (Path(run_dir) / "data" / CLIENT_CPU_NAME).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def client_line(run_dir: str | Path | None) -> str | None:
+    """One sentence for the report when the client's loop was near saturation in a window; None when never."""
+    if run_dir is None:
+        return None
+    records = read_records(run_dir)
+    hit = [r for r in records if r.get("saturated")]
+    if not hit:
+        return None
+    worst = max(hit, key=lambda r: float(r.get("loop_share") or 0.0))  # type: ignore[arg-type]
+    return (f"{len(hit)} of {len(records)} measured windows had a near-saturated client: its event loop used "
+            f"{SATURATED_SHARE:.0%} of a core or more (at most {float(worst['loop_share']):.0%}, in "  # type: ignore[arg-type]
+            f"{worst['server']}); their tok/s and latencies may be the client's limit, not the engine's "
+            "(data/client_cpu.jsonl)")
