@@ -2,9 +2,10 @@
 
 One asyncio event loop runs a window's requests. `LoopMeter` reads, on the loop's thread, the thread's CPU time
 (from the OS), the process's CPU time and the thread's run-queue wait (/proc/thread-self/schedstat: time spent
-runnable but not running) at the window's start and end. A loop that used SATURATED_SHARE of a core or more
-over the window was near saturation: chunks waited in the socket buffers for it, and the window's tok/s and
-latencies may be the client's, not the engine's. Each window's figures go to the run's `data/client_cpu.jsonl`.
+runnable but not running) at the window's start and end. A loop that was busy (running, or runnable and waiting
+for a core) SATURATED_SHARE of the window or more was near saturation: chunks waited in the socket buffers for it,
+and the window's tok/s and latencies may be the client's, not the engine's. The wait counts because a client
+starved of a core (niced, or on a host whose cores the engine takes) is as late as one with too much to do. Each window's figures go to the run's `data/client_cpu.jsonl`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 CLIENT_CPU_NAME = "client_cpu.jsonl"  # in data/
-SATURATED_SHARE = 0.8  # of one core, for the event loop's thread
+SATURATED_SHARE = 0.8  # of the window, for the event loop's thread: running or waiting for a core
 _SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
 
@@ -52,30 +54,36 @@ class ClientCpu:
         return self.runq_wait_s / (self.wall_s * self.processes)
 
     @property
+    def busy_share(self) -> float:
+        """Share of the window the loop ran or waited for a core to run (where the wait is readable)."""
+        return self.loop_share + (self.runq_share or 0.0)
+
+    @property
     def saturated(self) -> bool:
-        return self.loop_share >= SATURATED_SHARE
+        return self.busy_share >= SATURATED_SHARE
 
     @property
     def cpu_ms_per_request(self) -> float | None:
         return 1000 * self.process_cpu_s / self.requests if self.requests else None
 
-    def record(self, server: str) -> dict[str, object]:
+    def record(self, server: str) -> dict[str, Any]:
         """One line of data/client_cpu.jsonl."""
         return {"server": server, **asdict(self), "loop_share": self.loop_share, "runq_share": self.runq_share,
-                "saturated": self.saturated}
+                "busy_share": self.busy_share, "saturated": self.saturated}
 
     def columns(self) -> dict[str, object]:
         """The client_* columns of a windows table."""
         return {"client_loop_share": self.loop_share, "client_runq_share": self.runq_share,
+                "client_busy_share": self.busy_share,
                 "client_cpu_ms_per_req": self.cpu_ms_per_request, "client_saturated": self.saturated}
 
     def note(self, server: str) -> str | None:
         """The report's line for a saturated client, None otherwise."""
         if not self.saturated:
             return None
-        return (f"{server}: the client's event loop used {self.loop_share:.0%} of a core over the window "
-                f"(saturated at {SATURATED_SHARE:.0%}): its tok/s and latencies may be the client's limit, "
-                "not the engine's")
+        return (f"{server}: the client's event loop was busy {self.busy_share:.0%} of the window (ran "
+                f"{self.loop_share:.0%}, waited for a core {self.runq_share or 0.0:.0%}; saturated at "
+                f"{SATURATED_SHARE:.0%}): its tok/s and latencies may be the client's limit, not the engine's")
 
 
 def combine(parts: list[ClientCpu]) -> ClientCpu:
@@ -105,21 +113,11 @@ class LoopMeter:
             runq_wait_s=None if runq is None or self.runq0 is None else runq - self.runq0, requests=requests)
 
 
-def read_records(run_dir: str | Path) -> list[dict[str, object]]:
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
     """The run's per-window client CPU records (a torn last line is skipped)."""
-    import json
+    from specbook.serve.hostload import jsonl_records
 
-    try:
-        lines = (Path(run_dir) / "data" / CLIENT_CPU_NAME).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return jsonl_records(Path(run_dir) / "data" / CLIENT_CPU_NAME)
 
 
 def client_line(run_dir: str | Path | None) -> str | None:
@@ -130,8 +128,14 @@ def client_line(run_dir: str | Path | None) -> str | None:
     hit = [r for r in records if r.get("saturated")]
     if not hit:
         return None
-    worst = max(hit, key=lambda r: float(r.get("loop_share") or 0.0))  # type: ignore[arg-type]
-    return (f"{len(hit)} of {len(records)} measured windows had a near-saturated client: its event loop used "
-            f"{SATURATED_SHARE:.0%} of a core or more (at most {float(worst['loop_share']):.0%}, in "  # type: ignore[arg-type]
+    worst = max(hit, key=_busy)
+    return (f"{len(hit)} of {len(records)} measured windows had a near-saturated client: its event loop ran or "
+            f"waited for a core {SATURATED_SHARE:.0%} of the window or more (at most {_busy(worst):.0%}, in "
             f"{worst['server']}); their tok/s and latencies may be the client's limit, not the engine's "
             "(data/client_cpu.jsonl)")
+
+
+def _busy(record: dict[str, Any]) -> float:
+    """A record's busy share (records written before it carried one: its loop share)."""
+    value = record.get("busy_share", record.get("loop_share"))
+    return float(value) if isinstance(value, (int, float)) else 0.0

@@ -1,7 +1,7 @@
 """Which side saturated: the engine, or the measuring client (issue 29).
 
 A curve that stops growing may have met the engine's limit or the client's: a client whose event loop is busy
-most of the window (serve.clientcpu.SATURATED_SHARE of a core or more) delivers chunks late and sends the next
+most of the window (running or waiting for a core, serve.clientcpu.SATURATED_SHARE of it or more) delivers chunks late and sends the next
 request late, and the curve's top is then the client's. Per arm, the windows at and past the saturation level
 (or at the top level, where the curve still grows) are read: CLIENT-BOUND when any of them had a saturated
 client, ENGINE-BOUND when none did, None when the windows carry no client figures (runs from before them).
@@ -23,15 +23,15 @@ class Bound:
     levels: list[int]  # the levels read
     saturated_windows: int  # of them, windows whose client was saturated
     windows: int
-    max_loop_share: float
+    max_busy_share: float
 
     def text(self) -> str:
         lv = ", ".join(map(str, self.levels))
         if self.word == CLIENT_BOUND:
             return (f"{self.word}: the client's event loop was saturated in {self.saturated_windows} of "
-                    f"{self.windows} windows at level {lv} (up to {self.max_loop_share:.0%} of a core)")
+                    f"{self.windows} windows at level {lv} (busy up to {self.max_busy_share:.0%} of a window)")
         return (f"{self.word}: the client's event loop stayed below saturation at level {lv} "
-                f"(at most {self.max_loop_share:.0%} of a core)")
+                f"(busy at most {self.max_busy_share:.0%} of a window)")
 
 
 def bound(windows: pd.DataFrame, arm: str, saturation_level: int | None) -> Bound | None:
@@ -47,5 +47,6 @@ def bound(windows: pd.DataFrame, arm: str, saturation_level: int | None) -> Boun
     if not len(read):
         return None
     hit = int(read["client_saturated"].fillna(False).astype(bool).sum())
+    busy = read["client_busy_share"] if "client_busy_share" in read.columns else read["client_loop_share"]
     return Bound(CLIENT_BOUND if hit else ENGINE_BOUND, sorted(int(x) for x in set(read["level"])), hit, len(read),
-                 float(read["client_loop_share"].max()))
+                 float(busy.max()))
