@@ -308,7 +308,7 @@ async def run_requests(
     stall_timeout_s: float | None = None,
     progress: bool = True,
     desc: str | None = None,
-    transport: str = "httpx",
+    transport: str = "httpstream",
     cpu: list[clientcpu.ClientCpu] | None = None,
 ) -> list[RequestRecord]:
     """Send `requests` with at most `concurrency` in flight; records come back in input order, a request's
@@ -318,9 +318,9 @@ async def run_requests(
     bounds the wait for the next bytes of a response: a streamed request that receives no token for that
     long fails with ReadTimeout instead of waiting on a server that stopped making progress.
 
-    `transport`: "httpx" (the default for now) or "httpstream" (not yet the default: its parser and real-engine tests are to come; serve/httpstream.py), streamed requests over
-    "httpx" (the client before it). `cpu`: a list that receives the client's own CPU use over the requests
-    (clientcpu.ClientCpu: the event loop's CPU share, its run-queue wait), measured on the loop's thread.
+    `transport`: "httpstream" (the default: serve/httpstream.py, streamed requests to a plain-http server) or
+    "httpx" (the client before it; https servers and non-streamed requests always go through httpx). `cpu`: a
+    list that receives the client's own CPU use over the requests (clientcpu.ClientCpu: the event loop's CPU share, its run-queue wait), measured on the loop's thread.
     """
     if concurrency < 1:
         raise ClientError(f"concurrency must be >= 1, got {concurrency}")
