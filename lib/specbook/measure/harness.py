@@ -288,14 +288,16 @@ class Server:
         return Measured(result, wall, counters, self.log_path, log_start, log_size(self.log_path))
 
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,
-                stall_timeout_s: float = STALL_TIMEOUT_S) -> Window:
+                stall_timeout_s: float = STALL_TIMEOUT_S, client_processes: int | str = 1) -> Window:
         """The timed window of streamed requests (`window`): snapshot, requests, wait `flush_wait_s` (the
-        engine writes its last log interval), snapshot; the host's load over the requests is recorded.
+        engine writes its last log interval), snapshot; the host's load and the client's CPU over the requests
+        are recorded. `client_processes` > 1 (or "auto") spreads the requests over that many client processes
+        (serve.clientload), with the same records.
 
         A request that receives no token for `stall_timeout_s` fails; a window whose server died or hung
         raises ServerDiedError / ServerHungError naming it, within that bound."""
         from specbook.serve import hostload
-        from specbook.serve.client import run_requests_sync
+        from specbook.serve.clientload import send_window
 
         own = self.managed.surviving_pids()
 
@@ -304,9 +306,9 @@ class Server:
             t0 = time.monotonic()
             cpu: list[ClientCpu] = []
             try:
-                records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
-                                            stall_timeout_s=stall_timeout_s, progress=False, desc=self.name,
-                                            cpu=cpu)
+                records = send_window(self.base_url, self.model_name, requests, concurrency=concurrency,
+                                      processes=client_processes, stall_timeout_s=stall_timeout_s, progress=False,
+                                      desc=self.name, cpu=cpu)
             except ClientError as exc:  # every request failed: a dead or hung server is the cause to name
                 self._check_alive(getattr(exc, "records", []), stall_timeout_s)
                 raise

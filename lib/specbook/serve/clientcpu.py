@@ -40,6 +40,7 @@ class ClientCpu:
     runq_wait_s: float | None = None
     requests: int = 0
     processes: int = 1
+    busiest_share: float | None = None  # several client processes: the busiest loop's busy_share
 
     @property
     def loop_share(self) -> float:
@@ -60,7 +61,8 @@ class ClientCpu:
 
     @property
     def saturated(self) -> bool:
-        return self.busy_share >= SATURATED_SHARE
+        """The loop (any loop, of several client processes) was busy SATURATED_SHARE of the window or more."""
+        return max(self.busy_share, self.busiest_share or 0.0) >= SATURATED_SHARE
 
     @property
     def cpu_ms_per_request(self) -> float | None:
@@ -87,13 +89,15 @@ class ClientCpu:
 
 
 def combine(parts: list[ClientCpu]) -> ClientCpu:
-    """Several client processes' figures over one window as one: CPU and waits summed, the longest wall."""
+    """Several client processes' figures over one window as one: CPU and waits summed, the longest wall, the
+    busiest loop kept (one saturated process is a saturated client)."""
     waits = [p.runq_wait_s for p in parts]
     return ClientCpu(
         wall_s=max(p.wall_s for p in parts), loop_cpu_s=sum(p.loop_cpu_s for p in parts),
         process_cpu_s=sum(p.process_cpu_s for p in parts),
         runq_wait_s=None if any(w is None for w in waits) else sum(w for w in waits if w is not None),
-        requests=sum(p.requests for p in parts), processes=sum(p.processes for p in parts))
+        requests=sum(p.requests for p in parts), processes=sum(p.processes for p in parts),
+        busiest_share=max(max(p.busy_share, p.busiest_share or 0.0) for p in parts))
 
 
 class LoopMeter:

@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -68,6 +68,9 @@ class CurveMeasurement(BaseModel):
         "counter_al", description="per-window AL the curve uses: the level window's /metrics counters (every "
         "token, exact), or its steady log intervals (running >= min_running_fraction x level)")
     min_running_fraction: float = Field(0.75, ge=0, le=1)
+    client_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1, description="client processes per level window (serve.clientload): 1, a number (at most the level), "
+        "or auto (one per 64 requests in flight, at most half the host's cores); the same per-request records")
     ci: float = Field(0.95, gt=0, lt=1)
     margin_pct: float = Field(
         1.0, gt=0, description="equivalence margin for a knob's AL effect, +/- % of the baseline's mean AL: the "
@@ -221,7 +224,8 @@ def run_one(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, order: int
         if m.warmup_requests:
             server.send(_requests(params, draw, 1)[: m.warmup_requests])
         for level_order, level in enumerate(params.level_order(sweep)):
-            window = server.measure(_requests(params, draw, level), concurrency=level, flush_wait_s=flush_wait_s)
+            window = server.measure(_requests(params, draw, level), concurrency=level, flush_wait_s=flush_wait_s,
+                                    client_processes=m.client_processes)
             wid = window_id(run_id, level)
             rows.append({"window_id": wid, "run_id": run_id, "order": order, "sweep": sweep, "arm": arm.name,
                          "level": level, "level_order": level_order, **level_row(window, level),
