@@ -46,6 +46,10 @@ How each counts (read in vllm/benchmarks/serve.py and lib/endpoint_request_func.
              after it): specbook's is larger by that gap / (tokens - 1), negligible here.
   AL         both 1 + accepted / drafts from the vllm:spec_decode_* counters scraped before and after the
              run (vLLM sums every label; specbook filters by model name: one model, the same sums).
+  client CPU both: this process's CPU time around the client's run (vLLM: its benchmark() coroutine; specbook:
+             harness.Server.measure, its two /metrics snapshots and host-load reads included), less the CPU of
+             the harness's server-watch thread (serve.childwatch), which runs during both and is no client's
+             work; "process CPU" keeps it. specbook's own loop thread is shown as "of which its loop".
 Where figures differ beyond that, the cause is the run, not the counting: both clients are printed together
 with specbook's own /metrics delta around vLLM's run ("AL specbook on vLLM's run"), which must equal vLLM's AL,
 and each client's duration over its request span (first request sent to last response received): the part
@@ -55,9 +59,10 @@ What it showed (the figures are the run's output, not kept here). On a quiet hos
 clients' tok/s agreed within the goal at both levels and their AL to 0.01; the one run whose AL differed did so
 on the server's side, not the client's (on vLLM's runs specbook's own /metrics delta equals vLLM's AL; the batch
 composition at c=4 is the likely cause, not checked). TTFT and TPOT medians were close, and duration over
-request span was negligible for both. specbook's client CPU per request is higher than vLLM's: much of it is its
-two /metrics snapshots parsed with prometheus_client, where vLLM scans the text for spec_decode lines only; the
-rest is httpx streaming and the client's set-up. A shorter warm-up (4 prompts at c=4) left the first measured
+request span was negligible for both. Before issue 29 specbook's client CPU per request was higher than vLLM's
+(httpx streaming, and an SSL context built for every plain-http /metrics scrape); with httpstream most of what is
+left is the two /metrics snapshots parsed with prometheus_client, where vLLM scans the text for spec_decode lines
+only. A shorter warm-up (4 prompts at c=4) left the first measured
 c=1 pass slower than every later one of either client, hence the warm-up of every prompt at every level.
 On a host loaded by other jobs, AL, drafts, tokens and outputs still matched exactly, but the run-to-run
 spread of tok/s was far wider than the goal, so the means could not show it. What the counting adds there:
@@ -72,10 +77,12 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -120,15 +127,15 @@ class VllmBench:
         self.serve_mod = serve_mod
         self.parser = FlexibleArgumentParser()
         serve_mod.add_cli_args(self.parser)
-        self.cpu_s = 0.0
+        self.cpu_s = self.watch_s = 0.0
         original = serve_mod.benchmark
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.process_time()
+            t0, w0 = time.process_time(), watch_cpu_s()
             try:
                 return await original(*args, **kwargs)
             finally:
-                self.cpu_s = time.process_time() - t0
+                self.cpu_s, self.watch_s = time.process_time() - t0, watch_cpu_s() - w0
 
         serve_mod.benchmark = timed
 
@@ -139,6 +146,23 @@ class VllmBench:
         return self.cpu_s
 
 
+def watch_cpu_s() -> float:
+    """CPU seconds so far of this process's server-watching threads (serve.childwatch: the harness watching the
+    server's processes, not a client's work), read from /proc; they run during either client's requests and are
+    taken out of both clients' CPU, and shown beside it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for t in threading.enumerate():
+        if not t.name.startswith("childwatch") or not t.native_id:
+            continue
+        try:
+            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def _median(values: Sequence[float | None]) -> float:
     kept = [v for v in values if v is not None]
     return statistics.median(kept) if kept else float("nan")
@@ -147,9 +171,9 @@ def _median(values: Sequence[float | None]) -> float:
 def measure_specbook(server: Server, prompts: list[str], max_tokens: int, conc: int) -> dict[str, Any]:
     reqs = [ChatRequest(prompt_id=str(i), prompt=p, max_tokens=max_tokens, temperature=0.0)
             for i, p in enumerate(prompts)]
-    t0 = time.process_time()
+    t0, w0 = time.process_time(), watch_cpu_s()
     window = server.measure(reqs, concurrency=conc)
-    cpu = time.process_time() - t0
+    cpu, watch = time.process_time() - t0, watch_cpu_s() - w0
     t0 = time.process_time()
     scrape(server.base_url)  # what one of measure's two /metrics snapshots costs (vLLM's client scans lines)
     scrape_cpu = time.process_time() - t0
@@ -159,7 +183,9 @@ def measure_specbook(server: Server, prompts: list[str], max_tokens: int, conc: 
         "tok_s": window.tok_s, "duration_s": window.wall_s, "span_s": span, "tokens": window.completion_tokens,
         "ttft_ms": 1000 * _median([r.ttft_s for r in ok]),
         "tpot_ms": 1000 * _median([r.tpot_s for r in ok if (r.completion_tokens or 0) > 1]),
-        "al": window.acceptance.al, "drafts": window.acceptance.drafts, "cpu_s_per_req": cpu / len(reqs),
+        "al": window.acceptance.al, "drafts": window.acceptance.drafts, "cpu_s_per_req": (cpu - watch) / len(reqs),
+        "process_cpu_s_per_req": cpu / len(reqs),
+        "loop_cpu_s_per_req": window.client_cpu.loop_cpu_s / len(reqs) if window.client_cpu else float("nan"),
         "scrape_cpu_s_per_req": 2 * scrape_cpu / len(reqs), "failed": len(window.records) - len(ok), "texts": [r.output_text for r in window.records],
     }
 
@@ -186,7 +212,8 @@ def measure_vllm(bench: VllmBench, server: Server, tokenizer_path: str, args: ar
         "span_s": max(ends) - min(detail["start_times"]), "tokens": result["total_output_tokens"],
         "ttft_ms": result["median_ttft_ms"], "tpot_ms": result["median_tpot_ms"],
         "al": result["vllm_al"], "al_specbook_same_window": ours.al, "al_specbook_from_result": result["al"],
-        "drafts": result["drafts"], "cpu_s_per_req": cpu / args.prompts, "failed": result["failed"],
+        "drafts": result["drafts"], "cpu_s_per_req": (cpu - bench.watch_s) / args.prompts,
+        "process_cpu_s_per_req": cpu / args.prompts, "failed": result["failed"],
         "texts": detail.get("generated_texts", []),
     }
 
@@ -220,6 +247,10 @@ def report(rows: list[dict[str, Any]], concurrency: Sequence[int]) -> None:
             ratio = statistics.fmean(a) / statistics.fmean(b) if b and statistics.fmean(b) else float("nan")
             print(f"{conc:>4} {label:<22} {_fmt(a, digits):>20} {_fmt(b, digits):>20}  {ratio:.4f}")
         print(f"{conc:>4} {'  of which 2 scrapes':<22} {_fmt([r['scrape_cpu_s_per_req'] for r in sb], 5):>20}")
+        print(f"{conc:>4} {'  of which its loop':<22} {_fmt([r['loop_cpu_s_per_req'] for r in sb], 5):>20}")
+        a, b = ([r["process_cpu_s_per_req"] for r in part] for part in (sb, vl))
+        print(f"{conc:>4} {'process CPU s/request':<22} {_fmt(a, 5):>20} {_fmt(b, 5):>20}  "
+              f"{statistics.fmean(a) / statistics.fmean(b):.4f}  (with the server-watch thread)")
         over = {name: [100 * (r["duration_s"] / r["span_s"] - 1) for r in part]
                 for name, part in (("specbook", sb), ("vllm", vl))}
         print(f"{conc:>4} {'duration/span - 1, %':<22} {_fmt(over['specbook'], 3):>20} {_fmt(over['vllm'], 3):>20}")

@@ -62,3 +62,18 @@ def test_positive_control_lowers_al_at_every_level(demo_run):
     assert (al["baseline"] > 2.0).all(), al
     d = result.deltas[result.deltas["metric"] == "AL"]
     assert (d["delta"] < 0).all() and (d["n_pairs"] == 2).all()
+
+
+def test_every_window_records_the_clients_cpu_and_the_throughput_verdict_names_the_bound(demo_run):
+    from specbook.serve import clientcpu
+
+    data = cc.load(RunContext.from_run_dir(demo_run))
+    records = clientcpu.read_records(demo_run)
+    assert len(records) == len(data.levels)  # one per measured window; the warm-up is not one
+    assert {r["server"] for r in records} == {r for r in data.levels["run_id"]}
+    assert all(r["requests"] > 0 and r["loop_cpu_s"] > 0 and r["wall_s"] > 0 for r in records)
+    assert data.levels["client_busy_share"].notna().all() and (data.levels["client_cpu_ms_per_req"] > 0).all()
+    summary = json.loads((demo_run / "summary.json").read_text())
+    throughput = [h for h in summary["headlines"] if h["comparison"].endswith(": throughput")]
+    assert len(throughput) == 2
+    assert all(("ENGINE-BOUND" in h["verdict"]) != ("CLIENT-BOUND" in h["verdict"]) for h in throughput), throughput

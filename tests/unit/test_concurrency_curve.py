@@ -185,3 +185,11 @@ def test_the_margin_is_a_params_field():
     assert demo_params(**{"measurement.margin_pct": 2.5}).measurement.margin_pct == 2.5
     with pytest.raises(ParamsError, match="margin_pct"):
         demo_params(**{"measurement.margin_pct": 0})
+
+
+def test_client_processes_is_one_a_number_or_auto():
+    assert demo_params().measurement.client_processes == 1
+    assert demo_params(**{"measurement.client_processes": 2}).measurement.client_processes == 2
+    assert demo_params(**{"measurement.client_processes": "auto"}).measurement.client_processes == "auto"
+    with pytest.raises(ParamsError, match="measurement.client_processes"):
+        demo_params(**{"measurement.client_processes": 0})

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from specbook.engines.base import Engine, EngineConfig
     from specbook.serve.client import ChatRequest, RequestRecord
+    from specbook.serve.clientcpu import ClientCpu
     from specbook.serve.hostload import HostLoad
     from specbook.serve.metrics import CounterDelta
     from specbook.serve.server import ManagedServer
@@ -87,6 +88,7 @@ class Window:
     log_end: int
     engine: Engine = field(repr=False)
     host_load: HostLoad | None = None  # the host's load over the window from processes not the run's own
+    client_cpu: ClientCpu | None = None  # the measuring client's own CPU over the requests (serve.clientcpu)
 
     @property
     def acceptance(self) -> Acceptance:
@@ -286,48 +288,59 @@ class Server:
         return Measured(result, wall, counters, self.log_path, log_start, log_size(self.log_path))
 
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,
-                stall_timeout_s: float = STALL_TIMEOUT_S) -> Window:
+                stall_timeout_s: float = STALL_TIMEOUT_S, client_processes: int | str = 1) -> Window:
         """The timed window of streamed requests (`window`): snapshot, requests, wait `flush_wait_s` (the
-        engine writes its last log interval), snapshot; the host's load over the requests is recorded.
+        engine writes its last log interval), snapshot; the host's load and the client's CPU over the requests
+        are recorded. `client_processes` > 1 (or "auto") spreads the requests over that many client processes
+        (serve.clientload), with the same records.
 
         A request that receives no token for `stall_timeout_s` fails; a window whose server died or hung
         raises ServerDiedError / ServerHungError naming it, within that bound."""
         from specbook.serve import hostload
-        from specbook.serve.client import run_requests_sync
+        from specbook.serve.clientload import send_window
 
         own = self.managed.surviving_pids()
 
-        def send() -> tuple[list[RequestRecord], HostLoad, float]:
+        def send() -> tuple[list[RequestRecord], HostLoad, float, ClientCpu | None]:
             host_before = hostload.snapshot(own)
             t0 = time.monotonic()
+            cpu: list[ClientCpu] = []
             try:
-                records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
-                                            stall_timeout_s=stall_timeout_s, progress=False, desc=self.name)
+                records = send_window(self.base_url, self.model_name, requests, concurrency=concurrency,
+                                      processes=client_processes, stall_timeout_s=stall_timeout_s, progress=False,
+                                      desc=self.name, cpu=cpu)
             except ClientError as exc:  # every request failed: a dead or hung server is the cause to name
                 self._check_alive(getattr(exc, "records", []), stall_timeout_s)
                 raise
             wall = request_span_s(records, fallback=time.monotonic() - t0)
             host_load = hostload.between(host_before, own)
             self._check_alive(records, stall_timeout_s)
-            self._note_window(records, wall, host_load)
-            return records, host_load, wall
+            client_cpu = cpu[0] if cpu else None
+            self._note_window(records, wall, host_load, client_cpu)
+            return records, host_load, wall, client_cpu
 
         measured = self.window(send, flush_wait_s=flush_wait_s)
-        records, host_load, wall = measured.result
+        records, host_load, wall, client_cpu = measured.result
         return Window(self.name, records, wall, measured.counters, self.log_path, measured.log_start,
-                      measured.log_end, self.engine, host_load)
+                      measured.log_end, self.engine, host_load, client_cpu)
 
-    def _note_window(self, records: Sequence[RequestRecord], wall: float, host_load: HostLoad) -> None:
-        """The window's host load into the run (data/host_load.jsonl) and its requests onto the console."""
-        from specbook.serve import hostload
+    def _note_window(self, records: Sequence[RequestRecord], wall: float, host_load: HostLoad,
+                     client_cpu: ClientCpu | None = None) -> None:
+        """The window's host load and client CPU into the run (data/host_load.jsonl, data/client_cpu.jsonl) and
+        its requests onto the console."""
+        from specbook.serve import clientcpu, hostload
 
         if self.run is not None:
             from specbook.core.diskwrite import append_line
 
             append_line(self.run.data_dir / hostload.HOST_LOAD_NAME, json.dumps(host_load.record(self.name)))
+            if client_cpu is not None:
+                append_line(self.run.data_dir / clientcpu.CLIENT_CPU_NAME, json.dumps(client_cpu.record(self.name)))
         if host_load.contended:
             progress.note(f"{self.name}: measured under contention: other processes took "
                           f"{host_load.other_cores:.2f} cores ({', '.join(host_load.top) or 'not seen'})")
+        if client_cpu is not None and (line := client_cpu.note(self.name)):
+            progress.note(line)
         progress.note(f"{self.name}: " + progress.requests_line(
             sum(1 for r in records if not r.error), len(records), sum(r.completion_tokens or 0 for r in records), wall))
 

@@ -215,13 +215,17 @@ def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None
     from specbook.serve.hostload import contention_line
 
     contention = contention_line(run_dir)
+    from specbook.serve.clientcpu import client_line
+
+    client = client_line(run_dir)
     return (
         _STYLE + "<div class='sb-summary'><h2>Summary</h2>"
         f"<p class='sb-q'><b>Question.</b> {_e(summary.question)}</p>"
         "<table class='sb-table'><thead><tr>" + "".join(f"<th class='sb-text'>{_e(x)}</th>" for x in heads) +
         f"</tr></thead><tbody>{rows}</tbody></table>"
         f"<p class='sb-evidence'><b>Evidence.</b> {_e('; '.join(evidence))}</p>"
-        + (f"<p class='sb-evidence'><b>Contention.</b> {_e(contention)}</p>" if contention else "") + "</div>"
+        + (f"<p class='sb-evidence'><b>Contention.</b> {_e(contention)}</p>" if contention else "")
+        + (f"<p class='sb-evidence'><b>Client.</b> {_e(client)}</p>" if client else "") + "</div>"
     )
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tqdm import tqdm
 
 from specbook.core.errors import ClientError
+from specbook.serve import clientcpu, httpstream
 
 _T = TypeVar("_T")
 
@@ -149,7 +150,54 @@ def _finish_timings(rec: RequestRecord) -> None:
         rec.tpot_s = (rec.wall_s - rec.ttft_s) / (rec.completion_tokens - 1)
 
 
-async def _stream_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: RequestRecord, t0: float) -> None:
+async def _stream_one(http: Transport, req: ChatRequest, model: str, rec: RequestRecord, t0: float) -> None:
+    if http.pool is None:
+        assert http.httpx is not None
+        return await _stream_one_httpx(http.httpx, req, model, rec, t0)
+    resp = await http.pool.post_stream(req.endpoint, json.dumps(req.payload(model, stream=True)).encode())
+    if resp.status != 200:
+        raise ClientError(f"HTTP {resp.status}: {resp.body.decode(errors='replace')[:500]}")
+    _read_events(resp.events, rec, t0)
+
+
+def _read_events(events: Sequence[tuple[float, bytes]], rec: RequestRecord, t0: float) -> None:
+    """A finished stream's SSE payloads (arrival time, JSON bytes) into the record: TTFT at the first chunk with
+    text, one ITL per later chunk with text, the finish reason and the usage chunk's token counts."""
+    parts: list[str] = []
+    itl: list[float] = []
+    last_token_t: float | None = None
+    try:  # one decode for the whole stream: a malformed payload is then found (and named) one by one
+        chunks = json.loads(b"[" + b",".join(data for _, data in events) + b"]") if events else []
+    except ValueError:
+        chunks = [json.loads(data) for _, data in events]
+    finish = usage = None
+    try:
+        for (now, _), chunk in zip(events, chunks, strict=True):
+            if "error" in chunk:
+                raise ClientError(f"server error in stream: {json.dumps(chunk['error'])[:500]}")
+            text, done = _content_of(chunk)
+            if text:
+                if last_token_t is None:
+                    rec.ttft_s = now - t0
+                else:
+                    itl.append(now - last_token_t)
+                last_token_t = now
+                parts.append(text)
+            if done:
+                finish = done
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    finally:  # what came before an error stays in the record, as when it is read chunk by chunk
+        rec.itl_s = itl
+        rec.chunks = len(parts)
+        if finish:
+            rec.finish_reason = finish
+        _apply_usage(rec, usage)
+    rec.output_text = "".join(parts)
+
+
+async def _stream_one_httpx(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: RequestRecord,
+                            t0: float) -> None:
     parts: list[str] = []
     last_token_t: float | None = None
     async with http.stream("POST", req.endpoint, json=req.payload(model, stream=True)) as resp:
@@ -181,8 +229,9 @@ async def _stream_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec
     rec.output_text = "".join(parts)
 
 
-async def _post_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: RequestRecord) -> None:
-    resp = await http.post(req.endpoint, json=req.payload(model, stream=False))
+async def _post_one(http: Transport, req: ChatRequest, model: str, rec: RequestRecord) -> None:
+    assert http.httpx is not None
+    resp = await http.httpx.post(req.endpoint, json=req.payload(model, stream=False))
     if resp.status_code != 200:
         raise ClientError(f"HTTP {resp.status_code}: {resp.text[:500]}")
     body = resp.json()
@@ -190,11 +239,22 @@ async def _post_one(http: httpx.AsyncClient, req: ChatRequest, model: str, rec: 
     _apply_usage(rec, body.get("usage"))
 
 
+class Transport:
+    """What a window's requests go through: streamed ones through httpstream's pool (plain http) or httpx
+    (`transport="httpx"`, or an https server); non-streamed ones through httpx."""
+
+    def __init__(self, pool: httpstream.Pool | None, http: httpx.AsyncClient | None):
+        self.pool = pool
+        self.httpx = http
+
+
+TRANSPORTS = ("httpstream", "httpx")
+
 STALLED = "Stalled"  # error prefix of requests not sent because an earlier one got no token in time
 
 
 async def _send_turn(
-    http: httpx.AsyncClient, req: ChatRequest, model: str, stream: bool, stalled: asyncio.Event, turn: int,
+    http: Transport, req: ChatRequest, model: str, stream: bool, stalled: asyncio.Event, turn: int,
 ) -> RequestRecord:
     rec = RequestRecord(prompt_id=req.prompt_id, category=req.category, turn=turn, started_at=time.time())
     t0 = time.perf_counter()
@@ -207,10 +267,10 @@ async def _send_turn(
             await _stream_one(http, req, model, rec, t0)
         else:
             await _post_one(http, req, model, rec)
-    except httpx.ReadTimeout as exc:
+    except (httpx.ReadTimeout, httpstream.ReadTimeout) as exc:
         stalled.set()
         rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    except (httpx.HTTPError, ClientError, ValueError, KeyError, TypeError) as exc:
+    except (httpx.HTTPError, httpstream.HTTPStreamError, ClientError, ValueError, KeyError, TypeError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     rec.wall_s = time.perf_counter() - t0
     _finish_timings(rec)
@@ -218,7 +278,7 @@ async def _send_turn(
 
 
 async def _run_one(
-    http: httpx.AsyncClient, sem: asyncio.Semaphore, req: ChatRequest, model: str, stream: bool,
+    http: Transport, sem: asyncio.Semaphore, req: ChatRequest, model: str, stream: bool,
     stalled: asyncio.Event,
 ) -> list[RequestRecord]:
     """A request and its follow-up turns, one after another in one concurrency slot: one record per turn."""
@@ -248,6 +308,8 @@ async def run_requests(
     stall_timeout_s: float | None = None,
     progress: bool = True,
     desc: str | None = None,
+    transport: str = "httpstream",
+    cpu: list[clientcpu.ClientCpu] | None = None,
 ) -> list[RequestRecord]:
     """Send `requests` with at most `concurrency` in flight; records come back in input order, a request's
     follow-up turns right after it (one record per turn).
@@ -255,32 +317,56 @@ async def run_requests(
     `timeout_s` bounds connecting and a whole non-streamed response; `stall_timeout_s` (default: the same)
     bounds the wait for the next bytes of a response: a streamed request that receives no token for that
     long fails with ReadTimeout instead of waiting on a server that stopped making progress.
+
+    `transport`: "httpstream" (the default: serve/httpstream.py, streamed requests to a plain-http server) or
+    "httpx" (the client before it; https servers and non-streamed requests always go through httpx). `cpu`: a
+    list that receives the client's own CPU use over the requests (clientcpu.ClientCpu: the event loop's CPU share, its run-queue wait), measured on the loop's thread.
     """
     if concurrency < 1:
         raise ClientError(f"concurrency must be >= 1, got {concurrency}")
     if not requests:
         return []
+    if transport not in TRANSPORTS:
+        raise ClientError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    # trust_env=False: a proxy from the environment must not sit between us and a local server.
-    async with httpx.AsyncClient(
-        base_url=base_url.rstrip("/"), limits=limits, trust_env=False,
-        timeout=httpx.Timeout(timeout_s, read=stall_timeout_s if stall_timeout_s is not None else timeout_s),
-    ) as http:
+    read_s = stall_timeout_s if stall_timeout_s is not None else timeout_s
+    pool = (httpstream.Pool(base_url, connect_timeout_s=timeout_s, read_timeout_s=read_s)
+            if stream and transport == "httpstream" and base_url.startswith("http://") else None)
+    meter = clientcpu.LoopMeter() if cpu is not None else None
+    async with contextlib.AsyncExitStack() as stack:
+        http = None
+        if pool is None or not stream:
+            # trust_env=False: a proxy from the environment must not sit between us and a local server.
+            http = await stack.enter_async_context(httpx.AsyncClient(
+                base_url=base_url.rstrip("/"), limits=limits, trust_env=False,
+                timeout=httpx.Timeout(timeout_s, read=read_s)))
         stalled = asyncio.Event()
-        tasks = [asyncio.ensure_future(_run_one(http, sem, r, model, stream, stalled)) for r in requests]
+        via = Transport(pool, http)
+        tasks = [asyncio.ensure_future(_run_one(via, sem, r, model, stream, stalled)) for r in requests]
         try:
-            with tqdm(total=len(tasks), desc=desc or model, disable=not progress, file=sys.stderr) as bar:
-                for fut in asyncio.as_completed(tasks):
-                    recs = await fut
-                    bar.update(1)
-                    if any(r.error for r in recs):
-                        bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
+            if not progress:
+                await asyncio.gather(*tasks)
+            else:
+                with tqdm(total=len(tasks), desc=desc or model, file=sys.stderr) as bar:
+                    for fut in asyncio.as_completed(tasks):
+                        recs = await fut
+                        bar.update(1)
+                        if any(r.error for r in recs):
+                            bar.set_postfix_str(f"last error: {next(r.error for r in recs if r.error)[:60]}")
         except asyncio.CancelledError:  # an interrupt: every stream ends (its connection closed) before we go
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if pool is not None:
+                pool.close()
+            await asyncio.sleep(0)  # a closed transport shuts its socket on the loop's next turn: let it come
             raise
+        finally:
+            if pool is not None:
+                pool.close()
+            if meter is not None and cpu is not None:
+                cpu.append(meter.stop(requests=len(requests)))
         records = [r for t in tasks for r in t.result()]
     if all(r.error for r in records):
         err = ClientError(
@@ -305,7 +391,7 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
     except RuntimeError:
         return asyncio.run(make())  # asyncio.run cancels its task on Ctrl-C, closing the connections
     loop = asyncio.new_event_loop()
-    started = threading.Event()
+    started, finished = threading.Event(), threading.Event()
     task: list[asyncio.Task[_T]] = []
 
     def work() -> _T:
@@ -317,17 +403,18 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
         finally:
             started.set()
             loop.close()
+            finished.set()
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specbook-client")
-    future = pool.submit(work)
     try:
-        return future.result()
+        # submitted inside the try: a fast client connects before submit returns, and an interrupt arriving
+        # then must cancel it too
+        return pool.submit(work).result()
     except BaseException:
-        if not future.done() and started.wait(CLOSE_BOUND_S) and task:
+        if not finished.is_set() and started.wait(CLOSE_BOUND_S) and task:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to cancel
                 loop.call_soon_threadsafe(task[0].cancel)
-            with contextlib.suppress(BaseException):
-                future.result(timeout=CLOSE_BOUND_S)
+            finished.wait(CLOSE_BOUND_S)
         raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

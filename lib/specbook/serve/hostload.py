@@ -99,12 +99,11 @@ def between(before: HostSnapshot, own: Iterable[int] = ()) -> HostLoad:
                     round(after.at - before.at, 3), names)
 
 
-def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The run's per-window host load records (a torn last line is skipped)."""
-    path = Path(run_dir) / "data" / HOST_LOAD_NAME
+def jsonl_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every whole JSON line of a per-window record file (a torn last line is skipped); [] where it is unreadable."""
     out = []
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     for line in lines:
@@ -113,6 +112,11 @@ def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The run's per-window host load records (a torn last line is skipped)."""
+    return jsonl_records(Path(run_dir) / "data" / HOST_LOAD_NAME)
 
 
 def contention_line(run_dir: str | os.PathLike[str] | None) -> str | None:

@@ -25,6 +25,96 @@ def _base_name(name: str) -> str:
     return name[: -len(_COUNTER_SUFFIX)] if name.endswith(_COUNTER_SUFFIX) else name
 
 
+class _NotPlain(Exception):
+    """The text has something the plain reader leaves to prometheus_client."""
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+# name, optional {label="value",...} without escapes, one space, a value; nothing else (no timestamp, no exemplar)
+_PLAIN_SAMPLE = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*",?)*)\})? '
+    r"([-+]?[0-9]{1,18}|[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+|NaN|[-+]?Inf)\Z")
+_PLAIN_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+_ALLOWED = {"counter": ("",), "gauge": ("",), "summary": ("_count", "_sum", ""),
+            "histogram": ("_count", "_sum", "_bucket")}
+
+
+def _plain_families(text: str) -> list[Any]:
+    """prometheus_client's text_fd_to_metric_families, the same families, samples and errors, for the plain layout
+    a server writes (HELP / TYPE comments with plain names, samples without escapes, timestamps or exemplars); its
+    per-character label reading cost more CPU than a window's client. Raises _NotPlain on anything else."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.samples import Sample as PromSample
+
+    def build(name: str, doc: str, typ: str, samples: list[Any]) -> Any:
+        if typ == "counter":
+            if name.endswith("_total"):
+                name = name[:-6]
+            else:
+                samples = [PromSample(s[0] + "_total", *s[1:]) for s in samples]
+        metric = Metric(name, doc, typ)
+        metric.samples = samples
+        return metric
+
+    out: list[Any] = []
+    name, doc, typ = "", "", "untyped"
+    samples: list[Any] = []
+    allowed: tuple[str, ...] | list[str] = []
+    for line in text.split("\n"):  # as prometheus_client reads lines: at "\n" only
+        line = line.strip()
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if any('"' in p for p in parts[:3]) or "\t" in line:
+                raise _NotPlain
+            if len(parts) < 2:
+                continue
+            if parts[1] not in ("HELP", "TYPE"):
+                if len(parts) > 2:
+                    continue
+                raise _NotPlain
+            if len(parts) < 3 or not _NAME.match(parts[2]):
+                raise _NotPlain
+            candidate = parts[2]
+            if parts[1] == "HELP":
+                if candidate != name:
+                    if name:
+                        out.append(build(name, doc, typ, samples))
+                    name, typ, samples, allowed = candidate, "untyped", [], [candidate]
+                doc = parts[3] if len(parts) == 4 else ""
+                if "\\" in doc:
+                    raise _NotPlain  # HELP escapes: left to prometheus_client
+            else:
+                if len(parts) < 4:
+                    raise _NotPlain
+                if candidate != name:
+                    if name:
+                        out.append(build(name, doc, typ, samples))
+                    name, doc, samples = candidate, "", []
+                typ = parts[3]
+                allowed = [name + n for n in _ALLOWED.get(typ, ("",))]
+        elif not line:
+            continue
+        else:
+            m = _PLAIN_SAMPLE.match(line)
+            if m is None:
+                raise _NotPlain
+            labels = dict(_PLAIN_LABEL.findall(m[2])) if m[2] else {}
+            if m[2] and (len(labels) != m[2].count("=") or "__name__" in labels):
+                raise _NotPlain
+            raw = m[3]
+            sample = PromSample(m[1], labels, float(raw), None)
+            if sample.name not in allowed:
+                if name:
+                    out.append(build(name, doc, typ, samples))
+                name, doc, typ, samples, allowed = "", "", "untyped", [], []
+                out.append(build(sample.name, doc, typ, [sample]))
+            else:
+                samples.append(sample)
+    if name:
+        out.append(build(name, doc, typ, samples))
+    return out
+
+
 @dataclass(frozen=True)
 class Sample:
     name: str
@@ -53,7 +143,11 @@ class MetricsSnapshot:
         samples: list[Sample] = []
         types: dict[str, str] = {}
         try:
-            for family in text_string_to_metric_families(text):
+            try:
+                families = _plain_families(text)
+            except _NotPlain:  # anything but the plain layout servers write: prometheus_client reads it
+                families = text_string_to_metric_families(text)
+            for family in families:
                 types[family.name] = family.type
                 for s in family.samples:
                     if s.name.endswith("_created"):
@@ -107,7 +201,9 @@ def scrape(base_url: str, timeout: float = 10) -> MetricsSnapshot:
     url = base_url.rstrip("/") + "/metrics"
     try:
         # the server is local: a proxy from the environment must not carry the scrape (every other call ignores it)
-        response = httpx.get(url, timeout=timeout, trust_env=False)
+        # verify=False over plain http: no certificate store to load on every scrape (it cost more CPU than the
+        # request); an https server keeps its verification
+        response = httpx.get(url, timeout=timeout, trust_env=False, verify=not url.startswith("http://"))
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise MetricsError(f"cannot scrape {url}: {exc}") from exc

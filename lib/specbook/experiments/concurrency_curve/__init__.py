@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,7 @@ from specbook.engines import with_log_stats_interval
 from specbook.engines.base import EngineConfig
 from specbook.executors import ExecutorParams, placement
 from specbook.experiments.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
+from specbook.experiments.concurrency_curve import bound
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.store.units import Units, done_units, register_units
 from specbook.workloads.params import WorkloadParams
@@ -67,6 +68,9 @@ class CurveMeasurement(BaseModel):
         "counter_al", description="per-window AL the curve uses: the level window's /metrics counters (every "
         "token, exact), or its steady log intervals (running >= min_running_fraction x level)")
     min_running_fraction: float = Field(0.75, ge=0, le=1)
+    client_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1, description="client processes per level window (serve.clientload): 1, a number (at most the level), "
+        "or auto (one per 64 requests in flight, at most half the host's cores); the same per-request records")
     ci: float = Field(0.95, gt=0, lt=1)
     margin_pct: float = Field(
         1.0, gt=0, description="equivalence margin for a knob's AL effect, +/- % of the baseline's mean AL: the "
@@ -156,6 +160,7 @@ def level_row(window: Any, level: int) -> dict[str, Any]:
         "tpot_ms": 1000 * _median([r.tpot_s for r in ok]),
         "itl_ms": 1000 * _median(itl),
         **window.acceptance.counts(COUNTER),
+        **(window.client_cpu.columns() if getattr(window, "client_cpu", None) is not None else {}),
     }
 
 
@@ -219,7 +224,8 @@ def run_one(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, order: int
         if m.warmup_requests:
             server.send(_requests(params, draw, 1)[: m.warmup_requests])
         for level_order, level in enumerate(params.level_order(sweep)):
-            window = server.measure(_requests(params, draw, level), concurrency=level, flush_wait_s=flush_wait_s)
+            window = server.measure(_requests(params, draw, level), concurrency=level, flush_wait_s=flush_wait_s,
+                                    client_processes=m.client_processes)
             wid = window_id(run_id, level)
             rows.append({"window_id": wid, "run_id": run_id, "order": order, "sweep": sweep, "arm": arm.name,
                          "level": level, "level_order": level_order, **level_row(window, level),
@@ -449,11 +455,14 @@ class CurveResult:
                                 if pd.notna(p) else "")))
         for arm, level in self.saturation.items():
             sweeps = int(self.windows.loc[self.windows["arm"] == arm, "sweep"].nunique())
+            side = bound.bound(self.windows, arm, level)
             heads.append(report_view.Headline(
                 f"{arm}: throughput",
-                (f"SATURATES AT {level}" if level is not None else "STILL GROWING") + f" {verdicts.RUN_SCOPE}", None,
+                (f"SATURATES AT {level}" if level is not None else "STILL GROWING")
+                + (f", {side.word}" if side is not None else "") + f" {verdicts.RUN_SCOPE}", None,
                 ("tok/s grows < 5% per doubling of concurrency past this level" if level is not None
-                 else f"tok/s still grows >= 5% per doubling at {hi_level}") + f" (means of {sweeps} sweeps)",
+                 else f"tok/s still grows >= 5% per doubling at {hi_level}") + f" (means of {sweeps} sweeps)"
+                + (f"; {side.text()}" if side is not None else ""),
                 "no interval: read from the means of the sweeps"))
         w = self.windows
         return report_view.Summary(
