@@ -17,6 +17,11 @@
 #                    (default: none); it bounds when the last one starts, not when it ends
 #   SPECBOOK_GIT_SHA optional: the commit the caller means; refused unless it is the one pack.sh exported
 #
+# A file handed back in $OUT is cut into NAME.part-aa, -ab, ... of 15 MiB when larger (the tool brings back
+# files of 16 MiB at most): `cat NAME.part-* > NAME` here. After a llama.cpp CUDA build, its binaries come back
+# once as llama-cuda-bin.tar.gz (with its .sha256): `LLAMA_BIN=that file scripts/h200/pack.sh` carries them to a
+# later lease, which then skips the build (a build there takes minutes of the lease).
+#
 # The runs' tree is /tmp/repo, unpacked from pack.sh's `git archive COMMIT`, and nothing else: the manifests
 # get SPECBOOK_GIT_SHA=COMMIT and SPECBOOK_GIT_DIRTY=0 (the device's copy of the checkout, which may hold
 # uncommitted edits and a stale .git, only runs this script's start/wait/stop).
@@ -63,6 +68,15 @@ install_all() {
   if [ -f /tmp/x/llama-src.tar.xz ]; then  # packed unless PACK_LLAMA=0
     mkdir -p "$LLAMA" && tar -xJf /tmp/x/llama-src.tar.xz -C "$LLAMA" --strip-components=1
   fi
+  if [ -f /tmp/x/llama-cuda-bin.tar.gz ]; then  # a build from an earlier lease (pack.sh LLAMA_BIN=...)
+    mkdir -p "$LLAMA/build" && tar -xzf /tmp/x/llama-cuda-bin.tar.gz -C "$LLAMA/build"
+    if "$LLAMA/build/bin/llama-server" --version > "$STATE/llama-carried-version.txt" 2>&1; then
+      echo "book: llama.cpp from the carried build: $(grep -m1 -i version "$STATE/llama-carried-version.txt")"
+    else
+      echo "book: the carried llama.cpp build does not run here (see llama-carried-version.txt): it is built" >&2
+      rm -rf "$LLAMA/build"
+    fi
+  fi
   echo "book: the runs will use the export of $sha in $REPO"
   set +e
 }
@@ -95,7 +109,7 @@ check_runs() {  # every entry's params load (with its overrides), before anythin
   for entry in ${BOOK_RUNS:-$DEFAULT_RUNS}; do
     parse_entry "$entry" || { ok=1; continue; }
     if [ "$ENTRY_EXP" = cross_engine ] && [ ! -d "$LLAMA" ]; then
-      echo "book.sh: $entry needs llama.cpp's sources, which pack.sh left out (PACK_LLAMA=0)" >&2; ok=1
+      echo "book.sh: $entry needs llama.cpp's sources or a carried build, which pack.sh left out (PACK_LLAMA=0)" >&2; ok=1
     fi
     python3 -m specbook check --experiment "$ENTRY_EXP" "$ENTRY_PARAMS" "${ENTRY_ARGS[@]}" || ok=1
   done
@@ -108,6 +122,23 @@ build_llama() {  # NICE JOBS
   cd "$LLAMA" && nice -n "$1" cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     -DCMAKE_BUILD_TYPE=Release && nice -n "$1" cmake --build build --target llama-server -j "$2"
+}
+
+pack_llama_bin() {  # the build's llama-server and its libraries, to hand back once (the next lease carries them)
+  local bin="$LLAMA/build/bin" out="$STATE/handback/llama-cuda-bin.tar.gz"
+  mkdir -p "$STATE/handback"
+  (cd "$LLAMA/build" && tar -czf "$out.tmp" bin/llama-server $(cd "$bin" && ls *.so* 2>/dev/null | sed 's|^|bin/|')) \
+    && mv "$out.tmp" "$out" && (cd "$STATE/handback" && sha256sum llama-cuda-bin.tar.gz > llama-cuda-bin.tar.gz.sha256) \
+    && say "llama.cpp: binaries packed for later leases ($(du -h "$out" | cut -f1))"
+}
+
+hand_back() {  # FILE: into $OUT, cut into 15 MiB parts when larger than that
+  local name; name=$(basename "$1")
+  if [ "$(stat -c %s "$1")" -gt $((15 * 1048576)) ]; then
+    split -b 15M -a 2 "$1" "$OUT/$name.part-"
+  else
+    cp "$1" "$OUT/"
+  fi
 }
 
 newest_run() {  # EXPERIMENT -> its newest run folder (run ids start with the UTC start time)
@@ -140,7 +171,9 @@ run_all() {
   nvidia-smi > "$STATE/nvidia-smi.txt" 2>&1
   nvidia-smi -q > "$STATE/nvidia-smi-q.txt" 2>&1   # verbatim, for parser fixtures
   local runs=${BOOK_RUNS:-$DEFAULT_RUNS} t0=$SECONDS build_pid="" entry
-  if [[ " $runs" == " cross_engine:"* ]]; then    # the first run: the build has the machine (beside the models)
+  if [[ " $runs" != *" cross_engine:"* ]] || [ -x "$LLAMA/build/bin/llama-server" ]; then
+    :                                             # no cross_engine, or a carried build
+  elif [[ " $runs" == " cross_engine:"* ]]; then  # the first run: the build has the machine (beside the models)
     (build_llama 0 "$(nproc)" > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
     build_pid=$!
   elif [[ " $runs" == *" cross_engine:"* ]]; then
@@ -164,9 +197,12 @@ run_all() {
       echo "$ENTRY_TAG late" >> "$STATE/skipped"; continue
     fi
     if [ "$ENTRY_EXP" = cross_engine ]; then
-      say "llama.cpp: waiting for the CUDA build"
-      [ -n "$build_pid" ] && wait "$build_pid"
-      tail -3 "$STATE/llama-build.log"; say "llama.cpp: built ($((SECONDS - t0)) s after the runs began)"
+      if [ -n "$build_pid" ]; then
+        say "llama.cpp: waiting for the CUDA build"
+        wait "$build_pid"; build_pid=""
+        tail -3 "$STATE/llama-build.log"; say "llama.cpp: built ($((SECONDS - t0)) s after the runs began)"
+        [ -x "$LLAMA/build/bin/llama-server" ] && pack_llama_bin
+      fi
       if [ ! -x "$LLAMA/build/bin/llama-server" ]; then
         say "$ENTRY_TAG: skipped, llama-server did not build (see llama-build.log)"
         echo "$ENTRY_TAG no-llama-server" >> "$STATE/skipped"; continue
@@ -185,14 +221,22 @@ follow() {  # WAIT_S: until done or WAIT_S, then hand back what has finished and
   while [ ! -e "$STATE/done" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
   tail -40 "$STATE/book.log"
   if [ -n "${OUT:-}" ]; then
-    cp "$RESULTS"/*.tar.gz "$OUT"/ 2>/dev/null
+    for f in "$RESULTS"/*.tar.gz; do [ -e "$f" ] && hand_back "$f"; done
+    # the llama.cpp build, once (8 files and 64 MiB come back per call)
+    local bin_now=0
+    if [ -e "$STATE/handback/llama-cuda-bin.tar.gz" ] && [ ! -e "$STATE/handback/handed" ]; then
+      hand_back "$STATE/handback/llama-cuda-bin.tar.gz" && cp "$STATE/handback/llama-cuda-bin.tar.gz.sha256" "$OUT/" \
+        && touch "$STATE/handback/handed" && bin_now=1
+    fi
     tag=$(cat "$STATE/current.tag" 2>/dev/null)
-    if [ ! -e "$STATE/done" ] && [ -n "$tag" ]; then
+    # no snapshot beside the build (the run has only begun, and both may not fit one call's 64 MiB)
+    if [ ! -e "$STATE/done" ] && [ -n "$tag" ] && [ "$bin_now" = 0 ]; then
       dir=$(newest_run "${tag%%-*}")   # experiment names hold no '-'
       # what it measured so far, should the machine go cold (`specbook run --resume` continues such a folder)
-      [ -n "$dir" ] && pack_dir "$dir" "$OUT/$tag.partial.tar.gz"
+      [ -n "$dir" ] && pack_dir "$dir" "$STATE/$tag.partial.tar.gz" && hand_back "$STATE/$tag.partial.tar.gz"
+      rm -f "$STATE/$tag.partial.tar.gz"
     fi
-    tar -czf "$OUT/misc.tar.gz" -C "$STATE" --exclude=results --exclude=done . 2>/dev/null
+    tar -czf "$OUT/misc.tar.gz" -C "$STATE" --exclude=results --exclude=done --exclude=handback . 2>/dev/null
     ls -la "$OUT"
   fi
   echo "timings (s per run):"; cat "$STATE/timings" 2>/dev/null

@@ -13,7 +13,9 @@
 #     ../shared/data like here
 # Usage (project root): scripts/h200/pack.sh [COMMIT, default HEAD] [PIECE_SIZE, default 5M]
 # A transfer carries one kit part (the size prepare.sh cut), one piece and the working tree: at most 64 MiB.
-# Env: PACK_OUT (default .gpu-carry): where the xN folders go; PACK_LLAMA=0: no llama.cpp sources.
+# Env: PACK_OUT (default .gpu-carry): where the xN folders go; PACK_LLAMA=0: no llama.cpp sources;
+#      LLAMA_BIN=FILE: a llama-cuda-bin.tar.gz that book.sh handed back from an earlier lease (its build, run
+#      instead of building again: with PACK_LLAMA=0 beside it, the sources stay here).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -52,6 +54,13 @@ if [ "${PACK_LLAMA:-1}" != 0 ]; then
   # and the ggml backends of other vendors.
   rm -rf "$src"/{models,docs,tests,benches,examples} "$src"/ggml/src/ggml-{et,metal,hexagon,sycl,vulkan,opencl}
   tar -cJf "$work/x/llama-src.tar.xz" -C "$(dirname "$src")" llama.cpp
+fi
+
+if [ -n "${LLAMA_BIN:-}" ]; then
+  # a llama.cpp CUDA build handed back by an earlier lease (book.sh): the next one runs it instead of building
+  [ -f "$LLAMA_BIN.sha256" ] && (cd "$(dirname "$LLAMA_BIN")" && sha256sum -c --quiet "$(basename "$LLAMA_BIN").sha256")
+  cp "$LLAMA_BIN" "$work/x/llama-cuda-bin.tar.gz"
+  echo "llama.cpp: the carried build $(sha256sum "$LLAMA_BIN" | cut -c1-12) ($(du -h "$LLAMA_BIN" | cut -f1))"
 fi
 
 data="$root/../shared/data"

@@ -3,8 +3,10 @@ anchor of the target's output (teacher forcing), computed offline with transform
 
 At an anchor a (tokens in the sequence, anchor included) the draft sees prompt + output[:a - prompt_len]
 and proposes k tokens autoregressively: one prefill per request, then per anchor the KV cache cut back to it
-and k greedy steps (greedy_proposals). Numerics differ from an engine's kernels (bf16 here, on
-CPU), so a rare near-tie may flip one id; a systematic pattern is what the comparison looks for.
+and k greedy steps (greedy_proposals). Numerics differ from an engine's kernels (bf16 here, on the GPU
+where torch sees one, else on the CPU), so a rare near-tie may flip one id; a systematic pattern is what the
+comparison looks for. On a GPU host the replay runs there: its one-token steps on the CPU cost minutes of a
+lease between two servers.
 
 The prefill always covers the whole sequence, whichever anchors are asked, so a proposal depends on the
 sequence, the anchor and k alone. That lets a DraftReplayer remember proposals: both sides of a cross-engine
@@ -41,6 +43,8 @@ def load_draft(model: str | Path, dtype: str = "bfloat16") -> Any:
         if was_on:
             hf_logging.enable_progress_bar()
     lm.eval()
+    if torch.cuda.is_available():  # beside the engine's server: a draft this size needs little of its memory
+        lm.to("cuda")
     return lm
 
 
@@ -63,16 +67,18 @@ def greedy_proposals(lm: Any, sequence: Sequence[int], anchors: Sequence[int], k
         raise ValueError(f"replay: anchors must lie in 1..{len(seq)} (got {wanted[-1]}..{wanted[0]})")
     cache = DynamicCache()
     found: dict[int, list[int]] = {}
+    device = getattr(lm, "device", "cpu")
     with torch.inference_mode():
         if len(seq) > 1:  # the whole sequence before its last token, whatever the anchors (module docstring)
-            lm(input_ids=torch.tensor([seq[:-1]]), past_key_values=cache, use_cache=True)
+            lm(input_ids=torch.tensor([seq[:-1]], device=device), past_key_values=cache, use_cache=True)
         for a in wanted:
             extra = cache.get_seq_length() - (a - 1)  # anchors are walked from the last: the cache only shrinks
             if extra > 0:
                 cache.crop(-extra)  # a negative crop removes that many tokens (a positive one is deprecated)
             token, proposed = seq[a - 1], []
             for _ in range(k):
-                logits = lm(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits
+                logits = lm(input_ids=torch.tensor([[token]], device=device), past_key_values=cache,
+                            use_cache=True).logits
                 token = int(logits[0, -1].argmax())
                 proposed.append(token)
             found[a] = proposed
