@@ -1,13 +1,16 @@
-"""The committed H200 cross-engine report (docs/reports/cross_engine-h200, commit a0121e8): its headline rests on
-equal decode work, the cells it leaves out say why, and its figures are those its raw frames give.
+"""The committed GPU cross-engine reports: the H200 second edition (docs/reports/cross_engine-h200, commit a0121e8,
+22 servers) and the third edition on an H100 (docs/reports/cross_engine-h100, commit 83325b0, one vLLM server per
+lane): their headlines rest on equal decode work, the cells they leave out say why, and their figures are those
+their raw frames give.
 
-The folder holds what the report re-renders from (data/, the timed servers' logs, params, manifest); here its
-analysis runs again and is checked against the frames directly, so a change to the code that moves a figure of the
+Each folder holds what its report re-renders from (data/, the timed servers' logs, params, manifest); here the
+analysis runs again and is checked against the frames directly, so a change to the code that moves a figure of a
 committed report fails.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +21,32 @@ from specbook.core.params import load_params
 from specbook.experiments import cross_engine as ce
 from specbook.store.runstore import RunContext
 
-FOLDER = Path(__file__).resolve().parents[2] / "docs" / "reports" / "cross_engine-h200"
+REPORTS = Path(__file__).resolve().parents[2] / "docs" / "reports"
+FOLDER = REPORTS / "cross_engine-h200"
+THIRD = REPORTS / "cross_engine-h100"
+
+
+def _analyzed(folder: Path):
+    if not (folder / "data" / "requests.parquet").is_file():
+        pytest.fail(f"{folder} holds no data/requests.parquet: docs/reports/README.md says what the folder keeps")
+    params = load_params(ce.CrossEngineParams, folder / "params.yaml")
+    data = ce.load(RunContext.from_run_dir(folder))
+    return params, data, ce.analyze(data, params), folder
+
+
+@pytest.fixture(scope="module", params=[FOLDER, THIRD], ids=["h200-a0121e8", "h100-83325b0"])
+def h200(request):
+    return _analyzed(request.param)
 
 
 @pytest.fixture(scope="module")
-def h200():
-    if not (FOLDER / "data" / "requests.parquet").is_file():
-        pytest.fail(f"{FOLDER} holds no data/requests.parquet: docs/reports/README.md says what the folder keeps")
-    params = load_params(ce.CrossEngineParams, FOLDER / "params.yaml")
-    data = ce.load(RunContext.from_run_dir(FOLDER))
-    return params, data, ce.analyze(data, params)
+def second():
+    return _analyzed(FOLDER)
+
+
+@pytest.fixture(scope="module")
+def third():
+    return _analyzed(THIRD)
 
 
 def _pooled_rate(rows: pd.DataFrame) -> float:
@@ -35,7 +54,7 @@ def _pooled_rate(rows: pd.DataFrame) -> float:
 
 
 def test_each_lane_is_timed_on_equal_decode_work_only(h200):
-    params, data, r = h200
+    params, data, r, _ = h200
     head = r.decode_headline.set_index("lane")
     assert list(head.index) == ["off", "ngram", "draft-int4"] and (head["cells"] == 24).all()
     timed = r.decode_cells[r.decode_cells["timed"]]
@@ -56,7 +75,7 @@ def test_each_lane_is_timed_on_equal_decode_work_only(h200):
 
 
 def test_the_letter_loop_that_became_a_count_and_the_loops_say_why_they_are_left_out(h200):
-    _, _, r = h200
+    _, _, r, _ = h200
     cells = r.decode_cells.set_index(["lane", "prompt"])
     for lane in ("off", "ngram", "draft-int4"):
         assert cells.loc[(lane, "letter-loop"), "why_not_timed"].startswith("left its prompt's task")
@@ -68,7 +87,7 @@ def test_the_letter_loop_that_became_a_count_and_the_loops_say_why_they_are_left
 
 
 def test_the_summary_leads_with_decode_rate_and_ttft_per_lane_texts_and_a_why(h200):
-    params, _, r = h200
+    params, _, r, folder = h200
     summary = r.answer(params)
     names = [h.comparison for h in summary.headlines]
     assert names[:6] == [f"lane {lane}: {what}" for what in ("decode rate", "TTFT")
@@ -80,15 +99,15 @@ def test_the_summary_leads_with_decode_rate_and_ttft_per_lane_texts_and_a_why(h2
                              "whose speculation hurts less")
     assert set(r.headline_texts["prompt"]) == set(r.decode_cells.loc[r.decode_cells["timed"], "prompt"])
     assert (r.headline_texts["ours, first words"] != "").all()
-    html = (FOLDER / "report.html").read_text()
+    html = (folder / "report.html").read_text()
     first = html.split('<h2 id="Decode-rate-on-equal-work"')[0]
     assert "lane off: decode rate" in first and "lane draft-int4: TTFT" in first and "Why: " in first
     assert "The timed cells: the first words of both outputs" in first
     assert all(path not in html for path in ("/root/", "/tmp/", "/opt/", "/work/"))
 
 
-def test_the_recorded_cost_split_says_what_it_could_not_see(h200):
-    _, _, r = h200
+def test_the_recorded_cost_split_says_what_it_could_not_see(second):
+    _, _, r, _ = second
     notes = r.cost_split_notes
     assert notes[0].startswith("This run's vLLM split comes from the torch profiler")
     assert "vllm-cuda off reads target forward 0" in notes[0]
@@ -96,3 +115,21 @@ def test_the_recorded_cost_split_says_what_it_could_not_see(h200):
     scaled = r.cost_split_scaled
     step = scaled[scaled["part"] == "step (all parts)"]
     assert step["scaled_ms"].notna().all() and (step["scaled_ms"] > 0).all()
+
+
+def test_the_third_edition_served_every_phase_of_a_lane_from_one_vllm_server(third):
+    _, _, r, folder = third
+    servers = [json.loads(line) for line in (folder / "servers.jsonl").read_text().splitlines() if line.strip()]
+    vllm = [s for s in servers if s["name"].startswith("vllm-cuda")]
+    assert sorted(s["name"] for s in vllm) == ["vllm-cuda-draft-int4", "vllm-cuda-ngram", "vllm-cuda-off"]
+    for s in vllm:
+        assert s["extra"]["phases"][0] == "timed" and "profile" in s["extra"]["phases"]
+    # the step timer's split (graphs on): the parts add up to the step, per vLLM lane
+    split = r.cost_split[r.cost_split["engine"] == "vllm-cuda"].set_index("lane")
+    assert (split["source"] == "step_timer").all()
+    parts = split[["target_forward_ms", "draft_ms", "sampling_ms", "rest_ms"]].sum(axis=1)
+    assert parts.to_numpy() == pytest.approx(split["step_ms"].to_numpy(), rel=1e-6)
+    assert split.loc["off", "draft_ms"] == 0 and split.loc["draft-int4", "draft_ms"] > split.loc["draft-int4",
+                                                                                              "target_forward_ms"]
+    html = (folder / "report.html").read_text()
+    assert "clean_up_tokenization" not in html  # no library warning in a report cell

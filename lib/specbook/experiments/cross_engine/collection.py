@@ -83,7 +83,9 @@ def load_tokenizer(params: CrossEngineParams) -> Any:
 
     from specbook.engines import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model(params.oracle.engine.model))
+    # no "clean-up" of decoded text: it would strip spaces a BPE tokenizer's output holds, and newer transformers
+    # skip it for BPE with a warning that lands in a report cell
+    return AutoTokenizer.from_pretrained(resolve_model(params.oracle.engine.model), clean_up_tokenization_spaces=False)
 
 
 def token_ids(tokenizer: Any, text: str) -> list[int]:
