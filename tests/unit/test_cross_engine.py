@@ -576,6 +576,86 @@ def test_a_cell_side_gets_more_repeats_until_its_decode_wall_can_be_timed(demo):
     assert [len(w) for w in capped.windows] == [3, 2]
 
 
+class _IdsServer(_Server):
+    """_Server whose every output is `text` (its ids: _Words' encoding of the words)."""
+
+    def __init__(self, decode_s: float, text: str):
+        from types import SimpleNamespace
+
+        super().__init__(decode_s)
+        self.text, self.cfg = text, SimpleNamespace(engine="vllm")
+
+    def post_raw(self, request):
+        return {}
+
+    def measure(self, requests, *, concurrency=1):
+        window = super().measure(requests, concurrency=concurrency)
+        for r in window.records:
+            r.output_text = self.text
+        return window
+
+
+def test_no_repeats_are_added_to_a_cell_its_timed_requests_cannot_time():
+    from specbook.experiments.cross_engine.timing import worth_topping_up
+
+    plain = list(range(100, 180))  # 80 distinct ids
+    assert worth_topping_up(plain, None, min_common_tokens=64)
+    assert worth_topping_up(plain, list(plain), min_common_tokens=64)
+    assert not worth_topping_up(plain[:20], None, min_common_tokens=64)  # no common prefix can reach 64
+    # the server's count, as the guards take it: the text of 63 ids plus a sampled EOS is 64 tokens
+    assert worth_topping_up(plain[:63], None, min_common_tokens=64, length=64)
+    assert not worth_topping_up([7, 8] * 40, None, min_common_tokens=64)  # a loop is never timed
+    # the other side parted from it: timed on the equal-work re-run, which adds its own repeats
+    assert not worth_topping_up(plain, plain[:70] + [1] * 10, min_common_tokens=64)
+    assert not worth_topping_up(plain, plain[:-1], min_common_tokens=64)
+
+
+def test_measure_cell_asks_whether_the_cell_can_be_timed_before_it_adds_repeats(demo):
+    params = ce.CrossEngineParams.model_validate(demo)
+    prompt = params.prompts[1].request()
+
+    def build(i):
+        return ce.build_request(params, prompt, repeat=i)
+
+    seen = []
+    no = _Server(decode_s=0.05)  # short of the wall minimum: would get 3 more
+    assert len(ce.measure_cell(no, build, 3, params.timing, can_time=lambda rs: seen.append(len(rs)) or False)) == 1
+    assert len(no.windows) == 1 and seen == [3]
+    yes = _Server(decode_s=0.05)
+    assert len(ce.measure_cell(yes, build, 3, params.timing, can_time=lambda rs: True)) == 2
+    enough = _Server(decode_s=0.2)  # no more needed: the question is not asked
+    ce.measure_cell(enough, build, 3, params.timing, can_time=lambda rs: pytest.fail("asked"))
+
+
+def test_the_second_side_tops_up_only_the_cells_whose_outputs_equal_the_first_sides(tmp_path, demo):
+    params = ce.CrossEngineParams.model_validate({**demo, "timing": {**demo.get("timing", {}),
+                                                                    "min_common_tokens": 8}})
+    ctx = RunContext.from_run_dir(tmp_path)
+    words = " ".join(f"w{i}" for i in range(40))
+    first = _IdsServer(decode_s=0.05, text=words)
+    lane = params.lanes[0]
+    ce.collection._timed_phase(params, ctx, first, "ours", lane, [p.request() for p in params.prompts[1:3]],
+                               _Numbers(), [])
+    assert [len(w) for w in first.windows] == [3, 3, 3, 3]  # nothing to compare with yet: both cells topped up
+    other = ce.collection._other_side_outputs(ctx, "oracle", lane.name)
+    assert set(other) == {params.prompts[1].id, params.prompts[2].id} and len(other[params.prompts[1].id]) == 40
+    same = _IdsServer(decode_s=0.05, text=words)
+    ce.collection._timed_phase(params, ctx, same, "oracle", lane, [p.request() for p in params.prompts[1:3]],
+                               _Numbers(), [])
+    assert [len(w) for w in same.windows] == [3, 3, 3, 3]
+    parted = _IdsServer(decode_s=0.05, text=words.replace("w30", "x30"))
+    ce.collection._timed_phase(params, ctx, parted, "oracle", lane, [p.request() for p in params.prompts[1:3]],
+                               _Numbers(), [])
+    assert [len(w) for w in parted.windows] == [3, 3]  # unequal outputs: the equal-work re-run times them
+
+
+class _Numbers:
+    """w7 -> 7, x7 -> 1007: distinct ids, no loop."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(w[1:]) + (1000 if w[0] == "x" else 0) for w in text.split()]
+
+
 class _Words:
     def encode(self, text, add_special_tokens=False):
         return [len(w) for w in text.split()]

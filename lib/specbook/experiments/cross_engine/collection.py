@@ -5,7 +5,8 @@ Per lane x side: one server for its phases where its engine switches its instrum
 server per instrumented phase besides (specbook.experiments.cross_engine.phases). Per prompt in the timed phase: one cold request (not timed; its raw response,
 with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
 a second snapshot; where their decode wall is shorter than `timing.min_timed_wall_s`, one more window of
-as many repeats as it still needs. Warm tok/s = completion_tokens / whole-request wall time; the headline is
+as many repeats as it still needs, unless these requests cannot time the cell (too short, a loop, or unequal to
+the other side's output where that side already ran: timing.worth_topping_up). Warm tok/s = completion_tokens / whole-request wall time; the headline is
 the decode rate on equal decode work (cross_engine_timing). AL per cell comes from the counter delta under
 specbook.core.acceptance's one definition; raw figures are kept beside it.
 
@@ -17,6 +18,7 @@ timed requests (logprobs / token-id options change what the server does per toke
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -255,11 +257,20 @@ def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
     """A side x lane's timed pass: per prompt a cold request, then the warm repeats (measure_cell)."""
     cfg = server.cfg
     request_frames, cell_rows = [], []
+    other = _other_side_outputs(ctx, which, lane.name)
     for prompt in prompts:
         cold_resp = server.post_raw(build_request(params, prompt))
         cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.prompt_id, "response": cold_resp})
+
+        def can_time(records: list[Any], prompt_id: str = prompt.prompt_id) -> bool:
+            ok = [r for r in records if r.error is None]
+            return bool(ok) and timing.worth_topping_up(
+                token_ids(tokenizer, ok[0].output_text), other.get(prompt_id),
+                min_common_tokens=params.timing.min_common_tokens, guards=params.guards,
+                length=ok[0].completion_tokens)
+
         windows = measure_cell(server, lambda i, p=prompt: build_request(params, p, repeat=i), params.warm_repeats,
-                               params.timing)
+                               params.timing, can_time=can_time)
         request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
         cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, windows, cold_resp))
     # Saved after every phase: a later failure keeps what the earlier ones measured.
@@ -268,16 +279,30 @@ def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
     ctx.save_json(COLD_JSON, cold)
 
 
-def measure_cell(server: Any, build: Any, repeats: int, spec: TimingSpec) -> list[Any]:
+def measure_cell(server: Any, build: Any, repeats: int, spec: TimingSpec, *,
+                 can_time: Callable[[list[Any]], bool] | None = None) -> list[Any]:
     """One cell side's timed repeats (`build(i)` is repeat i's request): `repeats` in one window, then, where
     their decode wall is short of `spec.min_timed_wall_s`, one more window with as many as it still needs
-    (within `spec.max_warm_repeats`): the windows, in order."""
+    (within `spec.max_warm_repeats`): the windows, in order. `can_time(records)`: whether these requests can
+    still time the cell (timing.worth_topping_up); no more window where it says no."""
     windows = [server.measure([build(i) for i in range(repeats)], concurrency=1)]
     walls = [r.wall_s - r.ttft_s if r.error is None and r.ttft_s is not None else math.nan for r in windows[0].records]
     more = timing.repeats_to_add(walls, min_wall_s=spec.min_timed_wall_s, max_repeats=spec.max_warm_repeats)
-    if more:
+    if more and (can_time is None or can_time(windows[0].records)):
         windows.append(server.measure([build(repeats + i) for i in range(more)], concurrency=1))
     return windows
+
+
+def _other_side_outputs(ctx: Any, which: str, lane: str) -> dict[str, list[int]]:
+    """The other side's first timed output per prompt in this lane, where it already ran (else empty)."""
+    if not ctx.has_frame(REQUESTS_FRAME):
+        return {}
+    req = ctx.load_frame(REQUESTS_FRAME)
+    rows = req[(req["lane"] == lane) & (req["side"] != which) & (req.get("kind", "timed") == "timed")]
+    if "error" in rows:
+        rows = rows[rows["error"].isna()]
+    first = rows.sort_values("repeat").groupby("prompt", sort=False).head(1)
+    return {str(p): [int(t) for t in ids] for p, ids in zip(first["prompt"], first["token_ids"], strict=True)}
 
 
 def _server_done(ctx: Any, server: Any, label: str, which: str, side: SideSpec, lane: LaneSpec, kind: str) -> None:

@@ -10,7 +10,7 @@ A cell is timed only on equal work, and enough of it (`TimingSpec`):
   equal-work re-run (max_tokens = their common prefix, ignore_eos) where one was made and came back equal;
 - at least `min_common_tokens` of them;
 - each side's decode wall over its repeats at least `min_timed_wall_s` (collection adds repeats to get there,
-  up to `max_warm_repeats`);
+  up to `max_warm_repeats`, to a cell whose timed requests can still time it: `worth_topping_up`);
 - no loop, no output that left its prompt's task, no failed request, the same prompt tokens, repeats that agree.
 Every other cell is listed with its reason. TTFT is not decode work: its own row, over every cell whose two
 sides got the same prompt tokens and answered.
@@ -37,6 +37,8 @@ from specbook.experiments.cross_engine.guards import (
     MISSING,
     PROMPT_MISMATCH,
     REPEATS_DIFFER,
+    GuardThresholds,
+    degenerate_reasons,
 )
 
 SIDES = ("ours", "oracle")
@@ -119,6 +121,19 @@ def repeats_to_add(decode_walls_s: list[float], *, min_wall_s: float, max_repeat
         return 0
     mean = total / len(done)
     return int(min(max_repeats - len(decode_walls_s), math.ceil((min_wall_s - total) / mean) + 1))
+
+
+def worth_topping_up(own: list[int], other: list[int] | None, *, min_common_tokens: int,
+                     guards: GuardThresholds | None = None, length: int | None = None) -> bool:
+    """Whether a cell side's timed requests can still time the cell, so that repeats added to reach
+    `min_timed_wall_s` are not spent for nothing. `own`: this side's first output (target token ids; `length`:
+    the server's count of it where known, which the guards count too: the text drops a sampled EOS);
+    `other`: the other side's ids, where it already ran (None: not yet). No where the output is shorter than
+    `min_common_tokens` (the common prefix cannot be longer) or a loop; no where the other side's output differs
+    (the cell is then timed, if at all, on its equal-work re-run, which adds its own repeats); else yes."""
+    if (length if length is not None else len(own)) < min_common_tokens or degenerate_reasons(own, guards):
+        return False
+    return other is None or list(other) == list(own)
 
 
 # --------------------------------------------------------------------------------------------------
