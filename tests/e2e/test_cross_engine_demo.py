@@ -54,6 +54,13 @@ def test_run_folder_holds_every_server_its_log_and_the_timed_requests(demo_run):
     # the cost split of the shared server: the step timer switched on only for its phase
     assert {"timed", "trace", "profile"} <= set(pd.read_parquet(demo_run / "data" / "servers.parquet").query(
         "server == 'vllm-draft-int4'")["kind"])
+    # the vLLM server started during the llama.cpp trace pass's replay (which needs no server): after that side's
+    # timed server was gone, while its trace server was up (a later server's windows wait until it is ready:
+    # tests/unit/test_harness.py)
+    oracle, trace_server = servers["vllm-draft-int4"], servers["llamacpp-draft-int4-trace"]
+    assert servers["llamacpp-draft-int4"]["stopped_at"] <= oracle["started_at"] < trace_server["stopped_at"], (
+        oracle["started_at"], trace_server["stopped_at"])
+    assert "(ahead" in (demo_run / "logs" / "progress.log").read_text()
     signature = {"vllm": "APIServer", "llamacpp": "llama_server"}  # each engine's own start-up lines
     for name in timed + passes:
         log = (demo_run / servers[name]["log_path"]).read_text()

@@ -370,7 +370,7 @@ class _Progress:
 _AHEAD: dict[str, ManagedServer] = {}
 
 
-def start_ahead(cfg: EngineConfig, run: RunContext, name: str) -> None:
+def start_ahead(cfg: EngineConfig, run: RunContext, name: str, *, during: str = "beside the next one") -> None:
     """Launch now the server that a later `serve(cfg, run, name)` will use, so that its start overlaps the start
     of the server launched next (the local executor's `starts_together: 2`).
 
@@ -383,7 +383,7 @@ def start_ahead(cfg: EngineConfig, run: RunContext, name: str) -> None:
 
     try:
         managed = launch(cfg, name=name, log_path=run.log_path(name))
-        progress.note(f"{name}: starting {cfg.engine} server (ahead, beside the next one)")
+        progress.note(f"{name}: starting {cfg.engine} server (ahead, {during})")
         managed.start()
     except SpecbookError as exc:  # its own unit starts it, and owns the failure if it comes again
         progress.note(f"{name}: could not start its server ahead ({exc}); its run starts it")

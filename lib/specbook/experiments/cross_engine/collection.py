@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,13 +137,27 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
     run = _Collection(params, ctx, prompts, tokenizer, cold, done,
                       progress.Units("cross-engine phase", _planned_phases(params)))  # console only
     order = phases.side_order({which: params.side(which).engine.engine for which in SIDES})
-    for lane in params.lanes:
-        for i, which in enumerate(order):
-            run.side_lane(which, lane, equal_now=i == len(order) - 1)
-        if params.equal_work.enabled:  # the sides served before the last: their re-runs on servers of their own
-            for which in order[:-1]:
-                run.side_lane(which, lane, equal_now=False, only=("equal_work",))
+    try:
+        for lane in params.lanes:
+            for i, which in enumerate(order):
+                last = i == len(order) - 1
+                # a side served first may start the next side's server during its replay (start_next_ahead)
+                run.next_side = None if last else (order[i + 1], lane, i + 1 == len(order) - 1)
+                run.side_lane(which, lane, equal_now=last)
+            run.next_side = None
+            if params.equal_work.enabled:  # the sides served before the last: their re-runs on servers of their own
+                for which in order[:-1]:
+                    run.side_lane(which, lane, equal_now=False, only=("equal_work",))
+    finally:
+        _discard_ahead()
     return load(ctx)
+
+
+def _discard_ahead() -> None:
+    """Stop a server started ahead that no phase took (a failure, Ctrl-C): none outlives the collection."""
+    from specbook.measure import harness
+
+    harness.discard_ahead()
 
 
 def _wanted(params: CrossEngineParams, lane: LaneSpec) -> list[str]:
@@ -169,24 +183,67 @@ class _Collection:
     cold: list[dict[str, Any]]
     done: set
     units: Any
+    # the side served next in this lane, whose first server may start during this side's replay (start_next_ahead)
+    next_side: tuple[str, LaneSpec, bool] | None = None
+    prepared: dict[str, tuple[EngineConfig, Path, Path | None]] = field(default_factory=dict)
 
     def side_lane(self, which: str, lane: LaneSpec, *, equal_now: bool, only: tuple[str, ...] | None = None) -> None:
         """The side x lane's phases not done (`only`: these of them), server by server (phases.plan_servers)."""
+        side = self.params.side(which)
+        for plan in self._plans(which, lane, equal_now=equal_now, only=only, tell=True):
+            self._serve(which, side, lane, plan)
+
+    def _plans(self, which: str, lane: LaneSpec, *, equal_now: bool, only: tuple[str, ...] | None = None,
+               tell: bool = False) -> list[phases.ServerPlan]:
+        """The side x lane's servers for its phases not done (`tell`: the console counts the done ones)."""
         side = self.params.side(which)
         label = f"{side.label}-{lane.name}"
         wanted = [p for p in _wanted(self.params, lane) if (only is None or p in only)
                   and (equal_now or only is not None or p != "equal_work")]
         done = {kind for (s, ln, kind) in self.done if s == which and ln == lane.name}
         for p in wanted:
-            if p in done:
+            if p in done and tell:
                 self.units.skip(f"{label} {p}")
         if "equal_work" in wanted and "equal_work" not in done and ("timed" in done or only is not None):
             if not self._equal_cells(lane):  # known before any server: nothing to re-run, no server for it
                 wanted.remove("equal_work")
         used = set(self.ctx.load_frame(SERVERS_FRAME)["server"]) if self.ctx.has_frame(SERVERS_FRAME) else set()
-        for plan in phases.plan_servers(label, wanted, done, side.engine.engine, equal_now=equal_now,
-                                        used_names={str(u) for u in used}):
-            self._serve(which, side, lane, plan)
+        return phases.plan_servers(label, wanted, done, side.engine.engine, equal_now=equal_now,
+                                   used_names={str(u) for u in used})
+
+    def start_next_ahead(self) -> None:
+        """Start the next side's first server now, once, where one is planned: called before an untimed replay,
+        so that the server's start overlaps it. No window overlaps that start: the next server this
+        process serves waits until every server started ahead is ready (harness.serve)."""
+        from specbook.measure import harness
+
+        if self.next_side is None:
+            return
+        which, lane, equal_now = self.next_side
+        self.next_side = None
+        plans = self._plans(which, lane, equal_now=equal_now)
+        if plans:
+            plan = plans[0]
+            cfg = self._server_cfg(which, lane, plan)
+            self.prepared[plan.name] = cfg
+            harness.start_ahead(cfg[0], self.ctx, plan.name, during="during the draft's replay")
+
+    def _server_cfg(self, which: str, lane: LaneSpec, plan: phases.ServerPlan
+                    ) -> tuple[EngineConfig, Path, Path | None]:
+        """The server's config with its phases' instruments installed, its trace folder and profiler folder (an
+        unfinished earlier attempt's set aside)."""
+        from specbook.measure import costsplit
+        from specbook.measure.instruments import with_instruments
+
+        side = self.params.side(which)
+        base = f"{side.label}-{lane.name}"
+        trace_folder = Path(self.ctx.run_dir) / "traces" / f"{base}-trace"
+        prof_dir = costsplit.profile_dir(self.ctx, f"{base}-prof") if "profile" in plan.phases else None
+        if "trace" in plan.phases:
+            set_aside_folder(trace_folder)  # an unfinished earlier attempt's records: kept beside, never read
+        cfg = with_instruments(lane_config(side, lane), trace_dir=trace_folder if "trace" in plan.phases else None,
+                               profile_dir=prof_dir)
+        return cfg, trace_folder, prof_dir
 
     def _equal_cells(self, lane: LaneSpec) -> list[EqualWorkCell]:
         return equal_work_plan(load(self.ctx), self.params).get(lane.name, [])
@@ -196,16 +253,10 @@ class _Collection:
         theirs); each phase's rows saved, then its servers row (the unit is done)."""
         import time
 
-        from specbook.measure import costsplit, harness
-        from specbook.measure.instruments import with_instruments
+        from specbook.measure import harness
 
-        base = f"{side.label}-{lane.name}"
-        cfg = lane_config(side, lane)
-        trace_folder = Path(self.ctx.run_dir) / "traces" / f"{base}-trace"
-        prof_dir = costsplit.profile_dir(self.ctx, f"{base}-prof") if "profile" in plan.phases else None
-        if "trace" in plan.phases:
-            set_aside_folder(trace_folder)  # an unfinished earlier attempt's records: kept beside, never read
-        cfg = with_instruments(cfg, trace_dir=trace_folder if "trace" in plan.phases else None, profile_dir=prof_dir)
+        # started ahead (start_next_ahead): its folders are the ones that server writes into
+        cfg, trace_folder, prof_dir = self.prepared.pop(plan.name, None) or self._server_cfg(which, lane, plan)
         extra: dict[str, Any] = {"experiment": "cross_engine", "side": which, "lane": lane.name, "phases": [],
                                  "phase_s": {}}
         if len(plan.phases) == 1 and plan.phases[0] != "timed":
@@ -237,7 +288,8 @@ class _Collection:
             _equal_work_phase(params, ctx, server, which, lane, self.prompts, self.tokenizer, cells)
         elif phase == "trace":
             self.units.start(f"{server.name}: trace ({which}, untimed trace pass, {len(self.prompts)} prompts)")
-            _trace_phase(params, ctx, server, which, lane, self.prompts, trace_folder)
+            _trace_phase(params, ctx, server, which, lane, self.prompts, trace_folder,
+                         before_replay=self.start_next_ahead)
         else:
             from specbook.measure import costsplit
 
@@ -322,8 +374,9 @@ def _profiled(params: CrossEngineParams, lane: LaneSpec) -> bool:
 
 
 def _trace_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, lane: LaneSpec,
-                 prompts: list[ChatRequest], folder: Path) -> None:
-    """The side x lane's untimed trace pass (tracing on only for it where the engine switches it at run time)."""
+                 prompts: list[ChatRequest], folder: Path, before_replay: Callable[[], None] | None = None) -> None:
+    """The side x lane's untimed trace pass (tracing on only for it where the engine switches it at run time).
+    `before_replay`: called once the traced requests are done, before the draft's replay (which needs no server)."""
     from specbook.measure.tracepass import trace_pass
 
     requests = [build_request(params, p) for p in prompts]
@@ -331,6 +384,8 @@ def _trace_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
     frames = cet.trace_frames(ts, which, lane.name)
     spec = lane.speculative_config or {}
     if params.traces.replay and ts.method == "draft_model" and ts.untraceable is None:
+        if before_replay is not None:
+            before_replay()
         ref = cet.replay_for(ts, str(spec["model"]), int(spec.get("num_speculative_tokens") or 1))
         frames[cet.TRACE_REFERENCE] = cet.reference_frame(ref, which, lane.name)
     for name, frame in frames.items():
