@@ -2,13 +2,14 @@
 trace, profile: units of work), saving their frames as each ends.
 
 Per lane x side: one server for its phases where its engine switches its instruments at run time, else a
-server per instrumented phase besides (specbook.experiments.cross_engine.phases). Per prompt in the timed phase: one cold request (not timed; its raw response,
-with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
-a second snapshot; where their decode wall is shorter than `timing.min_timed_wall_s`, one more window of
-as many repeats as it still needs, unless these requests cannot time the cell (too short, a loop, or unequal to
-the other side's output where that side already ran: timing.worth_topping_up). Warm tok/s = completion_tokens / whole-request wall time; the headline is
-the decode rate on equal decode work (cross_engine_timing). AL per cell comes from the counter delta under
-specbook.core.acceptance's one definition; raw figures are kept beside it.
+server per instrumented phase besides (specbook.experiments.cross_engine.phases); the side served second starts
+its server during the first side's draft replay. Per prompt in the timed phase: one cold request (not timed; its
+raw response, with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
+a second snapshot; where their decode wall is shorter than `timing.min_timed_wall_s`, one more window of as many
+repeats as it still needs, unless these requests cannot time the cell (too short, a loop, or unequal to the other
+side's output where that side already ran: timing.worth_topping_up). Warm tok/s = completion_tokens /
+whole-request wall time; the headline is the decode rate on equal decode work (cross_engine_timing). AL per cell
+comes from the counter delta under specbook.core.acceptance's one definition; raw figures are kept beside it.
 
 Token ids for the guards come from tokenizing each output text with the target's own tokenizer
 (both engines use the same vocabulary): one token space for every engine, and nothing added to the
