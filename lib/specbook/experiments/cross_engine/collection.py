@@ -149,16 +149,11 @@ def collect(params: CrossEngineParams, ctx: Any) -> CrossData:
             if params.equal_work.enabled:  # the sides served before the last: their re-runs on servers of their own
                 for which in order[:-1]:
                     run.side_lane(which, lane, equal_now=False, only=("equal_work",))
-    finally:
-        _discard_ahead()
+    finally:  # a server started ahead that no phase took (a failure, Ctrl-C) does not outlive the collection
+        from specbook.measure import harness
+
+        harness.discard_ahead()
     return load(ctx)
-
-
-def _discard_ahead() -> None:
-    """Stop a server started ahead that no phase took (a failure, Ctrl-C): none outlives the collection."""
-    from specbook.measure import harness
-
-    harness.discard_ahead()
 
 
 def _wanted(params: CrossEngineParams, lane: LaneSpec) -> list[str]:
@@ -225,9 +220,8 @@ class _Collection:
         plans = self._plans(which, lane, equal_now=equal_now)
         if plans:
             plan = plans[0]
-            cfg = self._server_cfg(which, lane, plan)
-            self.prepared[plan.name] = cfg
-            harness.start_ahead(cfg[0], self.ctx, plan.name, during="during the draft's replay")
+            setup = self.prepared[plan.name] = self._server_cfg(which, lane, plan)
+            harness.start_ahead(setup[0], self.ctx, plan.name, during="during the draft's replay")
 
     def _server_cfg(self, which: str, lane: LaneSpec, plan: phases.ServerPlan
                     ) -> tuple[EngineConfig, Path, Path | None]:
@@ -354,8 +348,7 @@ def _other_side_outputs(ctx: Any, which: str, lane: str) -> dict[str, list[int]]
     rows = req[(req["lane"] == lane) & (req["side"] != which) & (req.get("kind", "timed") == "timed")]
     if "error" in rows:
         rows = rows[rows["error"].isna()]
-    first = rows.sort_values("repeat").groupby("prompt", sort=False).head(1)
-    return {str(p): [int(t) for t in ids] for p, ids in zip(first["prompt"], first["token_ids"], strict=True)}
+    return {str(p): _tokens(g)[0] for p, g in rows.groupby("prompt", sort=False)}
 
 
 def _server_done(ctx: Any, server: Any, label: str, which: str, side: SideSpec, lane: LaneSpec, kind: str) -> None:
