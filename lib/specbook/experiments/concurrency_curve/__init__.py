@@ -37,7 +37,7 @@ from specbook.engines import with_log_stats_interval
 from specbook.engines.base import EngineConfig
 from specbook.executors import ExecutorParams, placement
 from specbook.experiments.arms import BASELINE, Arm, KnobSpec, build_arms, interleaved_schedule
-from specbook.experiments.concurrency_curve import bound
+from specbook.experiments.concurrency_curve import bound, capacity, extension
 from specbook.experiments.registry import ExperimentSpec, register_experiment
 from specbook.store.units import Units, done_units, register_units
 from specbook.workloads.params import WorkloadParams
@@ -75,6 +75,9 @@ class CurveMeasurement(BaseModel):
     margin_pct: float = Field(
         1.0, gt=0, description="equivalence margin for a knob's AL effect, +/- % of the baseline's mean AL: the "
         "overall effect (and its change across the levels) is labelled against it (specbook.core.verdicts)")
+    kv_full_fraction: float = Field(
+        capacity.KV_FULL_FRACTION, gt=0, le=1, description="KV cache usage (fraction of the pool, from the "
+        "engine's log) at which a level counts as having filled the KV cache")
 
 
 class ConcurrencyCurveParams(ExperimentParams):
@@ -84,6 +87,10 @@ class ConcurrencyCurveParams(ExperimentParams):
     engine: EngineConfig
     knobs: list[KnobSpec] = Field(default_factory=list, description="each knob alone is an arm beside the baseline")
     levels: list[int] = Field(description="concurrency levels (requests in flight), e.g. [1, 2, 4, 8]")
+    extend: extension.LevelExtension | None = Field(
+        None, description="levels past the top until the curve ends: the run's first server multiplies the top by "
+        "`factor` while tok/s still grows >= 5% per doubling and the KV cache is not full, up to `max_level`; "
+        "every other server then runs the levels it reached (concurrency_curve.extension)")
     sweeps: int = Field(2, ge=2, description="fresh servers per arm; intervals are across sweeps")
     order_seed: int = Field(0, description="seed of each sweep's random level order (seed + sweep)")
     workload: WorkloadParams
@@ -104,13 +111,22 @@ class ConcurrencyCurveParams(ExperimentParams):
         if seqs is not None and max(self.levels) > seqs:
             raise ValueError(f"levels: {max(self.levels)} exceeds engine.max_num_seqs={seqs}; the server would "
                              f"queue, not run, the extra requests")
+        if self.extend is not None:
+            top = max(self.levels)
+            if self.extend.max_level <= top:
+                raise ValueError(f"extend.max_level: {self.extend.max_level} must be above the top level {top}")
+            if seqs is not None and self.extend.max_level > seqs:
+                raise ValueError(f"extend.max_level: {self.extend.max_level} exceeds engine.max_num_seqs={seqs}; "
+                                 f"the server would queue, not run, the extra requests")
         return self
 
     def arms(self) -> list[Arm]:
         return build_arms(self.engine.model_dump(exclude_none=True), self.knobs, crossed=False)
 
-    def level_order(self, sweep: int) -> list[int]:
-        order = list(self.levels)
+    def level_order(self, sweep: int, levels: list[int] | None = None) -> list[int]:
+        """The sweep's random order of `levels` (the params' levels by default; a run that extends them passes
+        the levels its first server reached)."""
+        order = sorted(self.levels if levels is None else levels)
         random.Random(self.order_seed + sweep).shuffle(order)
         return order
 
@@ -186,21 +202,50 @@ def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
     ctx.save_json("arms", secrets.redact_data([a.model_dump() for a in arms]))
     m = params.measurement
     flush = 2.5 * m.log_stats_interval_s if m.flush_wait_s is None else m.flush_wait_s
-    done = done_units(ctx, UNITS)
-    units = []
-    for order, (sweep, arm) in enumerate(interleaved_schedule(arms, params.sweeps)):
-        run_id = run_name(order, sweep, arm)
-        if (run_id,) in done:
-            progress.note(f"curve run {run_id} already done (resumed run), skipped")
-            continue
-        units.append(executors.Unit(
-            key=run_id, label=f"{run_id} (sweep {sweep}, arm {arm.name})", arm=arm.name, sweep=sweep,
-            call=partial(run_one, params=params, run_id=run_id, order=order, sweep=sweep, arm=arm,
-                         draw=draws[sweep], flush_wait_s=flush),
-            start_ahead=partial(start_server_ahead, params=params, run_id=run_id, arm=arm)))
-    executors.run_units(units, ctx, params.executor, done_frame=LEVELS, what="curve run",
-                        gpus_hint=executors.tensor_parallel_size(params.engine.extra_args))
+    schedule = list(enumerate(interleaved_schedule(arms, params.sweeps)))
+    run = partial(executors.run_units, ctx=ctx, params=params.executor, done_frame=LEVELS, what="curve run",
+                  gpus_hint=executors.tensor_parallel_size(params.engine.extra_args))
+
+    def units(part: list[tuple[int, tuple[int, Arm]]], levels: list[int], explore: bool) -> list[Any]:
+        done, out = done_units(ctx, UNITS), []
+        for order, (sweep, arm) in part:
+            run_id = run_name(order, sweep, arm)
+            if (run_id,) in done:
+                progress.note(f"curve run {run_id} already done (resumed run), skipped")
+                continue
+            out.append(executors.Unit(
+                key=run_id, label=f"{run_id} (sweep {sweep}, arm {arm.name})", arm=arm.name, sweep=sweep,
+                call=partial(run_one, params=params, run_id=run_id, order=order, sweep=sweep, arm=arm,
+                             draw=draws[sweep], flush_wait_s=flush, levels=levels, explore=explore),
+                start_ahead=partial(start_server_ahead, params=params, run_id=run_id, arm=arm)))
+        return out
+
+    if params.extend is None:
+        run(units(schedule, params.levels, False))
+        return load(ctx)
+    # the first server finds the levels past the top; every other server runs the levels it reached
+    run(units(schedule[:1], params.levels, True))
+    levels = reached_levels(ctx, params)
+    progress.note(f"curve levels for every server: {', '.join(map(str, levels))} (found by the first server)")
+    run(units(schedule[1:], levels, False))
     return load(ctx)
+
+
+def explorer_run_id(params: ConcurrencyCurveParams) -> str:
+    """The run whose server finds the levels past the top (`extend`): the schedule's first."""
+    order, (sweep, arm) = 0, next(iter(interleaved_schedule(params.arms(), params.sweeps)))
+    return run_name(order, sweep, arm)
+
+
+def reached_levels(ctx: Any, params: ConcurrencyCurveParams) -> list[int]:
+    """The levels the first server measured (the params' levels and those it added), from its saved rows."""
+    run_id = explorer_run_id(params)
+    rows = ctx.load_frame(LEVELS) if ctx.has_frame(LEVELS) else pd.DataFrame()
+    mine = rows[rows["run_id"] == run_id] if len(rows) else rows
+    if not len(mine):
+        raise RunError(f"curve run {run_id}: it measured no level, so the levels past the top are unknown; "
+                       f"`specbook run --resume` runs it again")
+    return sorted(int(x) for x in set(mine["level"]))
 
 
 def start_server_ahead(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, arm: Arm) -> None:
@@ -211,10 +256,13 @@ def start_server_ahead(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str,
 
 
 def run_one(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, order: int, sweep: int, arm: Arm, draw: Any,
-            flush_wait_s: float) -> None:
-    """One (sweep, arm) server and its level windows; rows appended when it ends (the level rows, its done rows,
-    last). Executors call this in the kernel (local) or in a Ray task against a staging folder."""
+            flush_wait_s: float, levels: list[int] | None = None, explore: bool = False) -> None:
+    """One (sweep, arm) server and its level windows (`levels`, the params' by default, in the sweep's random
+    order; with `explore`, then the levels past the top that params.extend asks for, one at a time); rows appended
+    when it ends (the level rows, its done rows, last). Executors call this in the kernel (local) or in a Ray task
+    against a staging folder."""
     from specbook import executors
+    from specbook.core import progress
     from specbook.measure import harness
 
     m = params.measurement
@@ -223,21 +271,31 @@ def run_one(ctx: Any, *, params: ConcurrencyCurveParams, run_id: str, order: int
     with harness.serve(arm_config(arm, params), ctx, run_id, extra={"arm": arm.name, "sweep": sweep}) as server:
         if m.warmup_requests:
             server.send(_requests(params, draw, 1)[: m.warmup_requests])
-        for level_order, level in enumerate(params.level_order(sweep)):
+
+        def measure(level: int) -> None:
             window = server.measure(_requests(params, draw, level), concurrency=level, flush_wait_s=flush_wait_s,
                                     client_processes=m.client_processes)
             wid = window_id(run_id, level)
+            iv = window.log_intervals()
             rows.append({"window_id": wid, "run_id": run_id, "order": order, "sweep": sweep, "arm": arm.name,
-                         "level": level, "level_order": level_order, **level_row(window, level),
-                         "versions": json.dumps(server.versions), **where})
+                         "level": level, "level_order": len(rows), **level_row(window, level),
+                         **capacity.window_peaks(iv), "versions": json.dumps(server.versions), **where})
             rf = window.requests_frame()
             rf.insert(0, "window_id", wid)
             rf.insert(1, "level", level)
             requests.append(rf)
-            iv = window.log_intervals()
             iv.insert(0, "window_id", wid)
             iv.insert(1, "level", level)
             intervals.append(iv)
+
+        for level in params.level_order(sweep, levels):
+            measure(level)
+        while explore and params.extend is not None:
+            step = extension.next_level(pd.DataFrame(rows), params.extend, m.kv_full_fraction)
+            progress.note(f"curve run {run_id}: {step.why}" + (f"; next level {step.level}" if step.level else ""))
+            if step.level is None:
+                break
+            measure(step.level)
     for frame, name in ((requests, REQUESTS), (intervals, INTERVALS)):
         frame = [f.assign(run_id=run_id) if "run_id" not in f else f for f in frame]
         ctx.append_frame(name, pd.concat(frame, ignore_index=True))
@@ -278,7 +336,7 @@ def window_al(data: CurveData, params: ConcurrencyCurveParams) -> pd.DataFrame:
     out["steady_intervals"] = [s[1] for s in steady]
     out["log_intervals"] = [s[2] for s in steady]
     out["al"] = out[params.measurement.primary]
-    return out
+    return capacity.with_peaks(out, data.intervals)
 
 
 def _t_interval(values: np.ndarray, ci: float) -> tuple[float, float, float, float]:
@@ -364,13 +422,13 @@ def effects_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def saturation_level(curve: pd.DataFrame, arm: str, gain: float = 0.05) -> int | None:
+def saturation_level(curve: pd.DataFrame, arm: str, gain: float = extension.SATURATION_GAIN) -> int | None:
     """The lowest level past which tok/s grows by less than `gain` (5%) per doubling of concurrency: where
     the server stops turning more requests in flight into more throughput. None: it still grows."""
     t = curve[(curve["arm"] == arm) & (curve["metric"] == "tok/s")].sort_values("level")
     lv, tp = t["level"].to_numpy(), t["mean"].to_numpy(dtype=float)
     for i in range(len(lv) - 1):
-        per_doubling = (tp[i + 1] / tp[i]) ** (1 / np.log2(lv[i + 1] / lv[i])) - 1 if tp[i] > 0 else np.nan
+        per_doubling = extension.per_doubling(lv[i], tp[i], lv[i + 1], tp[i + 1])
         if np.isfinite(per_doubling) and per_doubling < gain:
             return int(lv[i])
     return None
@@ -396,6 +454,10 @@ class CurveResult:
     placement: pd.DataFrame = field(default_factory=pd.DataFrame)
     # per knob arm: its AL effect over every level in one model (effects_table)
     effects: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per arm and level: the most requests running and waiting at once, the peak KV usage (capacity_table)
+    capacity: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # with params.extend: the first server's decisions past the params' top (extension.replay)
+    extension_steps: list[extension.Step] = field(default_factory=list)
 
     @property
     def arms(self) -> list[str]:
@@ -430,7 +492,8 @@ class CurveResult:
 
         fmt, heads = report_view.fmt, []
         expect = {k.name: k.expect for k in params.knobs}
-        lo_level, hi_level = min(params.levels), max(params.levels)
+        measured = self.levels_measured(params)
+        lo_level, hi_level = min(measured), max(measured)
         labels = self.labels(params)
         for _, r in self.effects.iterrows():
             overall, change = labels[r["arm"]]
@@ -453,28 +516,51 @@ class CurveResult:
                 change.interval_text(f"within sweep blocks (df {r['change_df']:g})"), "", "",
                 change.why() + (f" The joint test of any dependence on the level gives p = {fmt(p, 3)}."
                                 if pd.notna(p) else "")))
+        gain = f"{extension.SATURATION_GAIN:.0%}"
         for arm, level in self.saturation.items():
             sweeps = int(self.windows.loc[self.windows["arm"] == arm, "sweep"].nunique())
             side = bound.bound(self.windows, arm, level)
+            held = capacity.capacity(self.windows, arm, params.measurement.kv_full_fraction)
+            words = [f"SATURATES AT {level}" if level is not None else "STILL GROWING"]
+            words += [held.word] if held is not None and held.word else []
+            words += [side.word] if side is not None else []
             heads.append(report_view.Headline(
-                f"{arm}: throughput",
-                (f"SATURATES AT {level}" if level is not None else "STILL GROWING")
-                + (f", {side.word}" if side is not None else "") + f" {verdicts.RUN_SCOPE}", None,
-                ("tok/s grows < 5% per doubling of concurrency past this level" if level is not None
-                 else f"tok/s still grows >= 5% per doubling at {hi_level}") + f" (means of {sweeps} sweeps)"
+                f"{arm}: throughput", ", ".join(words) + f" {verdicts.RUN_SCOPE}", None,
+                (f"tok/s grows < {gain} per doubling of concurrency past this level" if level is not None
+                 else f"tok/s still grows >= {gain} per doubling at {hi_level}") + f" (means of {sweeps} sweeps)"
+                + (f"; {held.text()}" if held is not None else "")
                 + (f"; {side.text()}" if side is not None else ""),
                 "no interval: read from the means of the sweeps"))
         w = self.windows
         return report_view.Summary(
-            question=f"How do AL and throughput change with concurrency ({', '.join(map(str, params.levels))}), "
+            question=f"How do AL and throughput change with concurrency ({', '.join(map(str, measured))}), "
                      f"and does each knob ({', '.join(expect) or 'none'}) move AL, and does its effect depend on "
                      "concurrency?",
             headlines=heads,
             evidence=[f"{params.sweeps} sweeps x {w['arm'].nunique()} arms, a fresh server each",
                       f"{len(w)} level windows, {int(w['n_requests'].sum())} requests ({self.failed_requests} failed)",
+                      *self.extension_evidence(params),
                       f"AL from {params.measurement.primary}",
                       f"labels against \u00b1{params.measurement.margin_pct:g}% of the baseline's mean AL", *self.notes],
             short=report_view.short_clause(heads))
+
+    def levels_measured(self, params: ConcurrencyCurveParams) -> list[int]:
+        """The levels the windows hold: the params' levels, and with `extend` those the first server added."""
+        return sorted(int(x) for x in set(self.windows["level"])) if len(self.windows) else list(params.levels)
+
+    def extension_evidence(self, params: ConcurrencyCurveParams) -> list[str]:
+        """How the levels past the params' top were found: one line (none without `extend`)."""
+        if params.extend is None:
+            return []
+        if not self.extension_steps:
+            return [f"levels past {max(params.levels)}: none measured (the first server's windows are missing)"]
+        added = [s.level for s in self.extension_steps if s.level is not None]
+        end = self.extension_steps[-1]
+        return [f"levels past {max(params.levels)} found by the first server ({explorer_run_id(params)}), x"
+                f"{params.extend.factor} up to {params.extend.max_level}: "
+                + (f"{', '.join(map(str, added))}; " if added else "none added; ")
+                + f"it stopped after {end.after}: {end.why}"
+                + ("" if end.level is None else " (the run ended before its next level)")]
 
 
 def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
@@ -502,9 +588,14 @@ def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
     for _, r in effects[effects["sweeps_left_out"] > 0].iterrows():
         notes.append(f"{r['arm']}: {r['sweeps_left_out']} sweep(s) lack a level's AL in one arm and are left out "
                      "of the model over levels")
+    steps: list[extension.Step] = []
+    if params.extend is not None:
+        first = windows[windows["run_id"] == explorer_run_id(params)]
+        if len(first):
+            steps = extension.replay(first, params.levels, params.extend, params.measurement.kv_full_fraction)
     return CurveResult(windows, curve, deltas, saturation, orders, failed, notes,
                        ci_label=f"{ci:.0%} t interval", placement=placement.placement_table(runs, "tok_s"),
-                       effects=effects)
+                       effects=effects, capacity=capacity.capacity_table(windows), extension_steps=steps)
 
 
 def load_params_file(path: str) -> ConcurrencyCurveParams:
