@@ -1,7 +1,8 @@
 """The committed GPU cross-engine reports: the H200 second edition (docs/reports/cross_engine-h200, commit a0121e8,
-22 servers) and the third edition on an H100 (docs/reports/cross_engine-h100, commit 83325b0, one vLLM server per
-lane): their headlines rest on equal decode work, the cells they leave out say why, and their figures are those
-their raw frames give.
+22 servers) and the fourth edition on an H100 (docs/reports/cross_engine-h100, commit ec833a5, one vLLM server per
+lane, the llama.cpp build carried from an earlier lease; it replaced the third edition of commit 83325b0, which is in
+the repository's history): their headlines rest on equal decode work, the cells they leave out say why, and their
+figures are those their raw frames give.
 
 Each folder holds what its report re-renders from (data/, the timed servers' logs, params, manifest); here the
 analysis runs again and is checked against the frames directly, so a change to the code that moves a figure of a
@@ -34,7 +35,7 @@ def _analyzed(folder: Path):
     return params, data, ce.analyze(data, params), folder
 
 
-@pytest.fixture(scope="module", params=[FOLDER, THIRD], ids=["h200-a0121e8", "h100-83325b0"])
+@pytest.fixture(scope="module", params=[FOLDER, THIRD], ids=["h200-a0121e8", "h100-ec833a5"])
 def h200(request):
     return _analyzed(request.param)
 
@@ -117,7 +118,7 @@ def test_the_recorded_cost_split_says_what_it_could_not_see(second):
     assert step["scaled_ms"].notna().all() and (step["scaled_ms"] > 0).all()
 
 
-def test_the_third_edition_served_every_phase_of_a_lane_from_one_vllm_server(third):
+def test_the_h100_edition_served_every_phase_of_a_lane_from_one_vllm_server(third):
     _, _, r, folder = third
     servers = [json.loads(line) for line in (folder / "servers.jsonl").read_text().splitlines() if line.strip()]
     vllm = [s for s in servers if s["name"].startswith("vllm-cuda")]
@@ -131,5 +132,11 @@ def test_the_third_edition_served_every_phase_of_a_lane_from_one_vllm_server(thi
     assert parts.to_numpy() == pytest.approx(split["step_ms"].to_numpy(), rel=1e-6)
     assert split.loc["off", "draft_ms"] == 0 and split.loc["draft-int4", "draft_ms"] > split.loc["draft-int4",
                                                                                               "target_forward_ms"]
+    # the draft lane's vLLM server started during llama.cpp's untimed trace pass (its replay needs no server), and
+    # its timed phase began after llama.cpp's last phase of the lane
+    by_name = {s["name"]: s for s in servers}
+    started = by_name["vllm-cuda-draft-int4"]["started_at"]
+    trace = by_name["llamacpp-cuda-draft-int4-trace"]
+    assert trace["started_at"] < started < trace["stopped_at"] < by_name["llamacpp-cuda-draft-int4-prof"]["stopped_at"]
     html = (folder / "report.html").read_text()
     assert "clean_up_tokenization" not in html  # no library warning in a report cell

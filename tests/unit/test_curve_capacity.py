@@ -1,5 +1,8 @@
 """The curve past its params' top (issue 30): what the server held back (capacity) and how the first server
-finds the levels past the top (extension), on the real H200 curve's intervals where the engine's figures matter."""
+finds the levels past the top (extension), on the real GPU curves' data where the engine's figures matter: the
+H200 curve to 256 (every request ran) and the H100 curve past it (docs/reports/concurrency_curve-h100-beyond-256,
+commit ec833a5: its first server doubled 256 to 4096, and past 2048 the engine ran about 550 of the requests in
+flight at once)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from specbook.experiments.concurrency_curve import capacity, extension
 from specbook.store.runstore import RunContext
 
 H200 = Path("docs/reports/concurrency_curve-h200")
+BEYOND = Path("docs/reports/concurrency_curve-h100-beyond-256")
 DEMO = "params/concurrency_curve/cpu-demo.yaml"
 EXT = extension.LevelExtension(factor=2, max_level=4096)
 
@@ -50,20 +54,86 @@ def test_a_run_from_before_the_peak_columns_gets_them_from_its_intervals():
     assert set(table["level"]) == {1, 4, 16, 64, 128, 256} and (table["windows"] == 2).all()
     row = table[(table["arm"] == "baseline") & (table["level"] == 256)].iloc[0]
     assert row["peak KV usage %"] == pytest.approx(100 * top["peak_kv_usage"].max())
-    held = capacity.capacity(w, "baseline")
-    assert held.kv_full_level is None and held.word is None and held.top_level == 256
+    held = capacity.capacity(w, "baseline", None)
+    assert held.kv_full_level is None and held.word is None and held.levels == [256] and not held.unfed
     throughput = [h for h in result.answer(params).headlines if h.comparison == "baseline: throughput"][0]
-    assert throughput.verdict.startswith("STILL GROWING") and "KV cache at most 3.4% in use at 256" in throughput.figure
+    assert throughput.verdict == "STILL GROWING in this run"
+    assert ("at 256 the engine ran at most 253 at once (fed: 75% of the level or more); KV cache at most 3.4% in use"
+            in throughput.figure) and "steps bound" not in throughput.figure  # it had not stopped growing
+
+
+def test_past_2048_the_engine_was_not_fed_so_the_curve_is_front_end_bound():
+    params = cc.load_params_file(str(BEYOND / "params.yaml"))
+    data = cc.load(RunContext.from_run_dir(BEYOND))
+    result = cc.analyze(data, params)
+    assert result.saturation == {"baseline": 2048, "int4draft": 2048}
+    w = result.windows
+    past = w[w["level"] >= 2048]
+    # the figures the reading rests on, from the engine's log intervals directly
+    iv = data.intervals
+    for _, r in past.iterrows():
+        mine = iv[iv["window_id"] == r["window_id"]]
+        assert r["peak_running"] == mine["running"].max() < 0.75 * r["level"]
+        assert mine["waiting"].max() == 0 and mine["kv_cache_usage"].max() < 0.95
+    for arm in ("baseline", "int4draft"):
+        held = capacity.capacity(w, arm, 2048, params.measurement.kv_full_fraction)
+        assert held.unfed and held.word == capacity.FRONT_END_BOUND and held.levels == [2048, 4096]
+        assert held.running == [float(past[(past["arm"] == arm) & (past["level"] == lv)]["peak_running"].max())
+                                for lv in (2048, 4096)]
+    heads = {h.comparison: h for h in result.answer(params).headlines}
+    base = heads["baseline: throughput"]
+    assert base.verdict == "SATURATES AT 2048, FRONT-END-BOUND in this run"
+    assert ("at 2048, 4096 the engine ran at most 537, 560 at once, none waiting in its queue; KV cache at most "
+            "16.7%, 15.3% in use (full from 95%): the other requests in flight were held before the engine"
+            in base.figure)
+    assert "the client's event loop stayed below saturation at level 2048, 4096" in base.figure
+    assert "ENGINE-BOUND" not in base.figure
+    # below the knee the engine was fed: 16, 64 and 256 ran at (nearly) their level
+    low = w[w["level"] <= 256]
+    assert (low["peak_running"] >= 0.75 * low["level"]).all() and (low["peak_running"] <= low["level"]).all()
+
+
+def test_the_first_servers_decisions_are_replayed_from_its_windows():
+    params = cc.load_params_file(str(BEYOND / "params.yaml"))
+    result = cc.analyze(cc.load(RunContext.from_run_dir(BEYOND)), params)
+    steps = result.extension_steps
+    assert [(s.after, s.level) for s in steps] == [(256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, None)]
+    assert steps[-1].why == "tok/s grew -2.4% per doubling from 2048 to 4096 (< 5%): stopped growing"
+    first = result.windows[result.windows["run_id"] == cc.explorer_run_id(params)].sort_values("level_order")
+    assert first["level"].tolist()[3:] == [512, 1024, 2048, 4096]  # added in order, after its three planned levels
+    others = result.windows[result.windows["run_id"] != cc.explorer_run_id(params)]
+    assert (others.groupby("run_id")["level"].apply(sorted).apply(list) == [[16, 64, 256, 512, 1024, 2048, 4096]]
+            * 3).all()
+
+
+def test_a_gzipped_server_log_is_read_as_the_log():
+    from specbook.engines.common import stored_log
+    from specbook.engines.vllm.startup import log_startup_facts
+
+    log = BEYOND / "logs" / "00-sweep0-baseline.log"
+    assert not log.exists() and stored_log(log) == BEYOND / "logs" / "00-sweep0-baseline.log.gz"
+    facts = log_startup_facts(log)
+    assert facts and "FLASH_ATTN" in str(facts)
+    assert stored_log(BEYOND / "logs" / "nothing.log") is None and log_startup_facts(BEYOND / "nothing.log") == {}
 
 
 def test_a_window_at_the_full_fraction_names_the_lowest_level_that_filled_the_kv_cache():
     w = pd.DataFrame({"arm": "a", "level": [256, 512, 1024, 1024], "peak_running": [256, 512, 700, 690],
-                      "peak_waiting": [0, 3, 324, 334], "peak_kv_usage": [0.3, 0.6, 0.97, 0.999]})
-    held = capacity.capacity(w, "a")
-    assert held.kv_full_level == 1024 and held.word == "KV CACHE FULL AT 1024"
-    assert "reached at 1024" in held.text() and "up to 700 of 1024 running at once" in held.text()
-    assert capacity.capacity(w, "a", kv_full_fraction=0.5).kv_full_level == 512
-    assert capacity.capacity(w.assign(peak_kv_usage=np.nan, peak_running=np.nan, peak_waiting=np.nan), "a") is None
+                      "peak_waiting": [0, 3, 324, 334], "peak_kv_usage": [0.3, 0.6, 0.97, 0.999],
+                      "ttft_ms": [1.0, 2.0, 3.0, 4.0]})
+    held = capacity.capacity(w, "a", 512)
+    assert held.kv_full_level == 1024 and held.word == "KV CACHE FULL AT 1024" and not held.unfed
+    assert held.text().endswith("the KV cache filled at 1024") and "at 512, 1024 the engine ran at most 512, 700" in \
+        held.text()
+    assert capacity.capacity(w, "a", 512, kv_full_fraction=0.5).kv_full_level == 512
+    # not full, every request ran: no word (the client's side names the bound)
+    ran = w.assign(peak_kv_usage=0.2, peak_running=w["level"], peak_waiting=0)
+    assert capacity.capacity(ran, "a", 512).word is None
+    assert capacity.capacity(ran, "a", 512).text().endswith("every request ran, and the steps bound the throughput")
+    # not fed, but requests waited in the engine's own queue: not the front end's doing
+    assert capacity.capacity(w.assign(peak_kv_usage=0.2), "a", 512).word is None
+    assert capacity.capacity(w.assign(peak_kv_usage=np.nan, peak_running=np.nan, peak_waiting=np.nan), "a",
+                             512) is None
 
 
 # ---------------------------------------------------------------- extension

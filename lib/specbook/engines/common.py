@@ -58,11 +58,22 @@ def speculation_facts(spec: Mapping[str, Any] | None, *, ngram_lookup: str, draf
     return {"speculation": what, "draft tokens per step": SetupFact(k, k_detail)}
 
 
-def facts_of_log(path: str | Path, parse: Callable[[Iterable[str]], dict[str, Any]]) -> dict[str, Any]:
-    """What a start-up facts parser reads from a log file; {} when it does not exist (a server that never
-    started)."""
+def stored_log(path: str | Path) -> Path | None:
+    """The log at `path`, or its gzipped copy `path`.gz (committed report folders keep long logs gzipped so the
+    tree stays small); None when neither exists."""
     path = Path(path)
-    if not path.is_file():
+    gz = path.with_name(path.name + ".gz")
+    return path if path.is_file() else gz if gz.is_file() else None
+
+
+def facts_of_log(path: str | Path, parse: Callable[[Iterable[str]], dict[str, Any]]) -> dict[str, Any]:
+    """What a start-up facts parser reads from a log file (or its .gz copy: stored_log); {} when it does not
+    exist (a server that never started)."""
+    import gzip
+
+    found = stored_log(path)
+    if found is None:
         return {}
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    opener = gzip.open if found.suffix == ".gz" else open
+    with opener(found, "rt", encoding="utf-8", errors="replace") as fh:
         return parse(fh)

@@ -520,16 +520,19 @@ class CurveResult:
         for arm, level in self.saturation.items():
             sweeps = int(self.windows.loc[self.windows["arm"] == arm, "sweep"].nunique())
             side = bound.bound(self.windows, arm, level)
-            held = capacity.capacity(self.windows, arm, params.measurement.kv_full_fraction)
+            m = params.measurement
+            held = capacity.capacity(self.windows, arm, level, m.kv_full_fraction, m.min_running_fraction)
             words = [f"SATURATES AT {level}" if level is not None else "STILL GROWING"]
-            words += [held.word] if held is not None and held.word else []
-            words += [side.word] if side is not None else []
+            # the client's bound first; on the server's side, what the engine's log says held it back
+            named_by_log = held is not None and held.word is not None and (side is None or
+                                                                          side.word != bound.CLIENT_BOUND)
+            words += [held.word] if named_by_log else [side.word] if side is not None else []
             heads.append(report_view.Headline(
                 f"{arm}: throughput", ", ".join(words) + f" {verdicts.RUN_SCOPE}", None,
                 (f"tok/s grows < {gain} per doubling of concurrency past this level" if level is not None
                  else f"tok/s still grows >= {gain} per doubling at {hi_level}") + f" (means of {sweeps} sweeps)"
-                + (f"; {held.text()}" if held is not None else "")
-                + (f"; {side.text()}" if side is not None else ""),
+                + (f"; {held.text(level is not None)}" if held is not None else "")
+                + (f"; {side.client_text() if named_by_log else side.text()}" if side is not None else ""),
                 "no interval: read from the means of the sweeps"))
         w = self.windows
         return report_view.Summary(

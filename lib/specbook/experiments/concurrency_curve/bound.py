@@ -26,24 +26,33 @@ class Bound:
     max_busy_share: float
 
     def text(self) -> str:
+        return f"{self.word}: {self.client_text()}"
+
+    def client_text(self) -> str:
+        """What the client's figures say, without the word (a capacity reading may name the server's bound)."""
         lv = ", ".join(map(str, self.levels))
         if self.word == CLIENT_BOUND:
-            return (f"{self.word}: the client's event loop was saturated in {self.saturated_windows} of "
-                    f"{self.windows} windows at level {lv} (busy up to {self.max_busy_share:.0%} of a window)")
-        return (f"{self.word}: the client's event loop stayed below saturation at level {lv} "
-                f"(busy at most {self.max_busy_share:.0%} of a window)")
+            return (f"the client's event loop was saturated in {self.saturated_windows} of {self.windows} windows "
+                    f"at level {lv} (busy up to {self.max_busy_share:.0%} of a window)")
+        return (f"the client's event loop stayed below saturation at level {lv} (busy at most "
+                f"{self.max_busy_share:.0%} of a window)")
+
+
+def read_windows(windows: pd.DataFrame, arm: str, saturation_level: int | None) -> pd.DataFrame:
+    """The arm's windows a bound is read from: at and past its saturation level, or at its top level where the curve
+    still grows."""
+    w = windows[windows["arm"] == arm] if len(windows) else windows
+    if not len(w):
+        return w
+    return w[w["level"] >= saturation_level] if saturation_level is not None else w[w["level"] == w["level"].max()]
 
 
 def bound(windows: pd.DataFrame, arm: str, saturation_level: int | None) -> Bound | None:
     """The bound of `arm`'s curve from its windows' client_* columns; None without them."""
     if "client_saturated" not in windows.columns or "client_loop_share" not in windows.columns:
         return None
-    w = windows[windows["arm"] == arm]
-    if not len(w):
-        return None
-    top = int(w["level"].max())
-    read = w[w["level"] >= saturation_level] if saturation_level is not None else w[w["level"] == top]
-    read = read[read["client_loop_share"].notna()]
+    read = read_windows(windows, arm, saturation_level)
+    read = read[read["client_loop_share"].notna()] if len(read) else read
     if not len(read):
         return None
     hit = int(read["client_saturated"].fillna(False).astype(bool).sum())

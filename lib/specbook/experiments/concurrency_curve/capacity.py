@@ -1,12 +1,17 @@
 """What the server itself held back at a level: its running, waiting and KV cache figures (issue 30).
 
-A curve ends for one of two reasons on the engine's side: tok/s stops growing while every request still runs
-(the steps get dearer), or the engine cannot hold the level: its KV cache fills, and it queues or preempts what
-does not fit. The engine's log intervals tell them apart. Per window: the most requests it reported running at
-once, the most waiting, and its peak KV cache usage (the fraction of the KV pool in use). A level filled the KV
-cache when a window's usage reached `kv_full_fraction`. Waiting requests alone say nothing: between two waves of a
+A curve that stops growing on the server's side (not the client's: bound.py) ends in one of three places, and the
+engine's log intervals tell them apart:
+- its KV cache fills, and the engine queues or preempts what does not fit (KV CACHE FULL AT N);
+- the engine is not fed: it runs far fewer requests at once than the client has in flight, with none waiting in
+  its own queue and room in its KV cache, so the rest are held before the engine, in the server's front end
+  (HTTP, chat template, tokenizer): FRONT-END-BOUND, and the time to first token grows with the level;
+- neither: every request runs, and the steps get dearer (ENGINE-BOUND, bound.py's word).
+Per window: the most requests the engine reported running at once, the most waiting, and its peak KV cache usage
+(the fraction of the KV pool in use). A window was fed when its engine ran at least `min_running_fraction` of the
+level at once (the cut of the steady log intervals). Waiting requests alone say nothing: between two waves of a
 level, new requests wait a step to be admitted. Engines whose log carries none of these (llama.cpp) give NaN, and
-no capacity line.
+no capacity reading.
 """
 
 from __future__ import annotations
@@ -57,40 +62,72 @@ def kv_full(row: pd.Series | dict, kv_full_fraction: float = KV_FULL_FRACTION) -
     return bool(np.isfinite(kv) and kv >= kv_full_fraction)
 
 
+FRONT_END_BOUND = "FRONT-END-BOUND"
+
+
+def fed(row: pd.Series | dict, min_running_fraction: float) -> bool | None:
+    """Whether the engine ran at least min_running_fraction x the level at once; None without a running count."""
+    run = row["peak_running"]
+    return None if not np.isfinite(run) else bool(run >= min_running_fraction * row["level"])
+
+
 @dataclass(frozen=True)
 class Capacity:
-    """One arm's windows read for what held a level back."""
+    """One arm's windows read for what held a level back (`levels`: the windows read, as bound.read_windows)."""
 
     kv_full_level: int | None  # the lowest level at which a window's KV usage reached kv_full_fraction
-    top_level: int
-    top_kv_usage: float  # the highest KV usage of the top level's windows
-    top_running: float  # the most requests running at once in the top level's windows
+    levels: list[int]
+    running: list[float]  # per level read: the most requests the engine ran at once
+    waiting: list[float]  # per level read: the most waiting in the engine's queue
+    kv_usage: list[float]  # per level read: the peak KV usage (fraction of the pool)
+    ttft_ms: list[float]  # per level read: the mean over sweeps of the window's median time to first token
+    unfed: bool  # every window read ran below min_running_fraction of its level, none waiting, KV not full
     kv_full_fraction: float
+    min_running_fraction: float
 
     @property
     def word(self) -> str | None:
-        return f"KV CACHE FULL AT {self.kv_full_level}" if self.kv_full_level is not None else None
+        """KV CACHE FULL AT N, else FRONT-END-BOUND, else None (every request ran: the engine's steps bound it)."""
+        if self.kv_full_level is not None:
+            return f"KV CACHE FULL AT {self.kv_full_level}"
+        return FRONT_END_BOUND if self.unfed else None
 
-    def text(self) -> str:
-        kv = (f"KV cache at most {self.top_kv_usage:.1%} in use at {self.top_level}"
-              if np.isfinite(self.top_kv_usage) else f"no KV usage in the log at {self.top_level}")
-        parts = [kv + (f" (full from {self.kv_full_fraction:.0%}; reached at {self.kv_full_level})"
-                       if self.kv_full_level is not None else f" (full from {self.kv_full_fraction:.0%})")]
-        if np.isfinite(self.top_running):
-            parts.append(f"up to {self.top_running:.0f} of {self.top_level} running at once there")
-        return "; ".join(parts)
+    def text(self, saturated: bool = True) -> str:
+        lv = ", ".join(map(str, self.levels))
+        each = lambda xs, f: ", ".join(f(x) for x in xs)  # noqa: E731
+        ran = f"at {lv} the engine ran at most {each(self.running, lambda x: f'{x:.0f}')} at once"
+        kv = (f"KV cache at most {each(self.kv_usage, lambda x: f'{x:.1%}')} in use (full from "
+              f"{self.kv_full_fraction:.0%})")
+        if self.kv_full_level is not None:
+            return f"{ran}; {kv}: the KV cache filled at {self.kv_full_level}"
+        if self.unfed:
+            return (f"{ran}, none waiting in its queue; {kv}: the other requests in flight were held before the "
+                    f"engine, in the server's front end (HTTP, chat template, tokenizer); median TTFT "
+                    f"{each(self.ttft_ms, lambda x: f'{x:.0f}')} ms")
+        fed_text = f"{ran} (fed: {self.min_running_fraction:.0%} of the level or more); {kv}"
+        return fed_text + (": every request ran, and the steps bound the throughput" if saturated else "")
 
 
-def capacity(windows: pd.DataFrame, arm: str, kv_full_fraction: float = KV_FULL_FRACTION) -> Capacity | None:
-    """The arm's capacity reading from its windows' PEAKS columns; None when its engine's log gave none."""
+def capacity(windows: pd.DataFrame, arm: str, saturation_level: int | None,
+             kv_full_fraction: float = KV_FULL_FRACTION, min_running_fraction: float = 0.75) -> Capacity | None:
+    """The arm's capacity reading from its windows' PEAKS columns, at the levels bound.read_windows reads; None
+    when its engine's log gave none."""
+    from specbook.experiments.concurrency_curve.bound import read_windows
+
     w = windows[windows["arm"] == arm] if len(windows) else windows
     if not len(w) or not all(c in w.columns for c in PEAKS) or w[list(PEAKS)].isna().all().all():
         return None
     full = sorted({int(r["level"]) for _, r in w.iterrows() if kv_full(r, kv_full_fraction)})
-    top = int(w["level"].max())
-    t = w[w["level"] == top]
-    return Capacity(full[0] if full else None, top, _peak(t, "peak_kv_usage"), _peak(t, "peak_running"),
-                    kv_full_fraction)
+    read = read_windows(windows, arm, saturation_level)
+    per = read.groupby("level", sort=True)
+    fed_flags = [fed(r, min_running_fraction) for _, r in read.iterrows()]
+    unfed = (bool(fed_flags) and all(f is False for f in fed_flags) and not full
+             and bool((read["peak_waiting"].fillna(0) == 0).all()))
+    ttft = per["ttft_ms"].mean() if "ttft_ms" in read.columns else pd.Series(np.nan, index=per.size().index)
+    return Capacity(full[0] if full else None, [int(x) for x in per.size().index],
+                    [float(x) for x in per["peak_running"].max()], [float(x) for x in per["peak_waiting"].max()],
+                    [float(x) for x in per["peak_kv_usage"].max()], [float(x) for x in ttft], unfed,
+                    kv_full_fraction, min_running_fraction)
 
 
 def capacity_table(windows: pd.DataFrame) -> pd.DataFrame:
