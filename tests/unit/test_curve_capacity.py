@@ -2,7 +2,8 @@
 finds the levels past the top (extension), on the real GPU curves' data where the engine's figures matter: the
 H200 curve to 256 (every request ran) and the H100 curve past it (docs/reports/concurrency_curve-h100-beyond-256,
 commit ec833a5: its first server doubled 256 to 4096, and past 2048 the engine ran about 550 of the requests in
-flight at once)."""
+flight at once) with its probe of four API server processes (docs/reports/concurrency_curve-h100-api-servers-4: no
+knob arm, no engine log intervals)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from specbook.store.runstore import RunContext
 
 H200 = Path("docs/reports/concurrency_curve-h200")
 BEYOND = Path("docs/reports/concurrency_curve-h100-beyond-256")
+PROBE = Path("docs/reports/concurrency_curve-h100-api-servers-4")
 DEMO = "params/concurrency_curve/cpu-demo.yaml"
 EXT = extension.LevelExtension(factor=2, max_level=4096)
 
@@ -62,7 +64,7 @@ def test_a_run_from_before_the_peak_columns_gets_them_from_its_intervals():
             in throughput.figure) and "steps bound" not in throughput.figure  # it had not stopped growing
 
 
-def test_past_2048_the_engine_was_not_fed_so_the_curve_is_front_end_bound():
+def test_past_2048_the_engine_was_not_fed_and_the_reading_says_where_requests_waited_not_what_bounds_tok_s():
     params = cc.load_params_file(str(BEYOND / "params.yaml"))
     data = cc.load(RunContext.from_run_dir(BEYOND))
     result = cc.analyze(data, params)
@@ -77,17 +79,17 @@ def test_past_2048_the_engine_was_not_fed_so_the_curve_is_front_end_bound():
         assert mine["waiting"].max() == 0 and mine["kv_cache_usage"].max() < 0.95
     for arm in ("baseline", "int4draft"):
         held = capacity.capacity(w, arm, 2048, params.measurement.kv_full_fraction)
-        assert held.unfed and held.word == capacity.FRONT_END_BOUND and held.levels == [2048, 4096]
+        assert held.unfed and held.word is None and held.levels == [2048, 4096]
         assert held.running == [float(past[(past["arm"] == arm) & (past["level"] == lv)]["peak_running"].max())
                                 for lv in (2048, 4096)]
     heads = {h.comparison: h for h in result.answer(params).headlines}
     base = heads["baseline: throughput"]
-    assert base.verdict == "SATURATES AT 2048, FRONT-END-BOUND in this run"
+    assert base.verdict == "SATURATES AT 2048, ENGINE-BOUND in this run"
     assert ("at 2048, 4096 the engine ran at most 537, 560 at once, none waiting in its queue; KV cache at most "
-            "16.7%, 15.3% in use (full from 95%): the other requests in flight were held before the engine"
-            in base.figure)
-    assert "the client's event loop stayed below saturation at level 2048, 4096" in base.figure
-    assert "ENGINE-BOUND" not in base.figure
+            "16.7%, 15.3% in use (full from 95%): the other requests in flight waited before its scheduler, in the "
+            "server's front end (median TTFT 3976, 5401 ms); whether a server that fed them sooner would turn them "
+            "into more tok/s, this reading cannot tell" in base.figure)
+    assert "ENGINE-BOUND: the client's event loop stayed below saturation at level 2048, 4096" in base.figure
     # below the knee the engine was fed: 16, 64 and 256 ran at (nearly) their level
     low = w[w["level"] <= 256]
     assert (low["peak_running"] >= 0.75 * low["level"]).all() and (low["peak_running"] <= low["level"]).all()
@@ -104,6 +106,27 @@ def test_the_first_servers_decisions_are_replayed_from_its_windows():
     others = result.windows[result.windows["run_id"] != cc.explorer_run_id(params)]
     assert (others.groupby("run_id")["level"].apply(sorted).apply(list) == [[16, 64, 256, 512, 1024, 2048, 4096]]
             * 3).all()
+
+
+def test_the_probe_with_four_api_servers_fed_the_engine_sooner_for_no_more_tok_s():
+    """The sceptic's question to the reading above: would a server that feeds the engine sooner turn the waiting
+    requests into tok/s? With --api-server-count 4 (the same params, no knob arm, levels 256 and 2048) vLLM turns its
+    stats logging off, so there is no capacity reading; the client's figures answer: the first token came sooner
+    and the steps got longer, for the same tok/s."""
+    params = cc.load_params_file(str(PROBE / "params.yaml"))
+    assert params.knobs == [] and "--api-server-count" in params.engine.extra_args
+    probe = cc.analyze(cc.load(RunContext.from_run_dir(PROBE)), params)
+    beyond = cc.analyze(cc.load(RunContext.from_run_dir(BEYOND)), cc.load_params_file(str(BEYOND / "params.yaml")))
+    assert probe.effects.empty and probe.capacity["peak running"].isna().all()
+    assert capacity.capacity(probe.windows, "baseline", None) is None
+    at = {name: r.windows[(r.windows["arm"] == "baseline") & (r.windows["level"] == 2048)]
+          for name, r in (("probe", probe), ("one", beyond))}
+    assert at["probe"]["ttft_ms"].max() < at["one"]["ttft_ms"].min() / 2  # fed sooner
+    assert at["probe"]["itl_ms"].min() > 3 * at["one"]["itl_ms"].max()  # longer steps
+    ratio = at["probe"]["tok_s"].mean() / at["one"]["tok_s"].mean()
+    assert 0.95 < ratio < 1.05, ratio  # the same tok/s
+    heads = {h.comparison: h for h in probe.answer(params).headlines}
+    assert list(heads) == ["baseline: throughput"]
 
 
 def test_a_gzipped_server_log_is_read_as_the_log():

@@ -207,7 +207,7 @@ def concurrency_curve(curve: pd.DataFrame, deltas: pd.DataFrame, ci_label: str, 
     axes[2].set_xscale("log", base=2)
     axes[2].set_xlabel("concurrency (requests in flight)")
     axes[2].set_ylabel("AL minus baseline AL")
-    axes[2].set_title("knob effect on AL per level (estimates)")
+    axes[2].set_title("knob effect on AL per level (estimates)" if len(d) else "knob effect on AL: no knob arm")
     if len(d):
         axes[2].legend()
     fig.tight_layout()

@@ -383,7 +383,8 @@ def delta_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
                 rows.append({"arm": arm, "level": int(level), "metric": label, "delta": mean,
                              "delta_pct": 100 * mean / bmean if bmean else float("nan"), "ci_low": lo,
                              "ci_high": hi, "n_pairs": int(paired.size)})
-    return pd.DataFrame(rows)
+    # a curve without a knob arm has no deltas: the same columns, no rows
+    return pd.DataFrame(rows, columns=["arm", "level", "metric", "delta", "delta_pct", "ci_low", "ci_high", "n_pairs"])
 
 
 def effects_table(windows: pd.DataFrame, ci: float) -> pd.DataFrame:
@@ -588,7 +589,7 @@ def analyze(data: CurveData, params: ConcurrencyCurveParams) -> CurveResult:
         notes.append(f"arm(s) {confined} ran on one GPU only while the run used several: a GPU-to-GPU difference "
                      "would sit in their curve (executor.assignment: spread avoids this)")
     effects = effects_table(windows, ci)
-    for _, r in effects[effects["sweeps_left_out"] > 0].iterrows():
+    for _, r in (effects[effects["sweeps_left_out"] > 0] if len(effects) else effects).iterrows():
         notes.append(f"{r['arm']}: {r['sweeps_left_out']} sweep(s) lack a level's AL in one arm and are left out "
                      "of the model over levels")
     steps: list[extension.Step] = []

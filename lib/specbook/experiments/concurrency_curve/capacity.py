@@ -1,17 +1,18 @@
 """What the server itself held back at a level: its running, waiting and KV cache figures (issue 30).
 
-A curve that stops growing on the server's side (not the client's: bound.py) ends in one of three places, and the
-engine's log intervals tell them apart:
-- its KV cache fills, and the engine queues or preempts what does not fit (KV CACHE FULL AT N);
-- the engine is not fed: it runs far fewer requests at once than the client has in flight, with none waiting in
-  its own queue and room in its KV cache, so the rest are held before the engine, in the server's front end
-  (HTTP, chat template, tokenizer): FRONT-END-BOUND, and the time to first token grows with the level;
-- neither: every request runs, and the steps get dearer (ENGINE-BOUND, bound.py's word).
+A curve that stops growing on the server's side (not the client's: bound.py) is read in the engine's log
+intervals at the levels where it stopped (or at its top):
+- its KV cache filled, and the engine queued or preempted what did not fit: KV CACHE FULL AT N, a capacity limit;
+- the engine was not fed: it ran far fewer requests at once than the client had in flight, with none waiting in
+  its own queue and room in its KV cache, so the rest waited before its scheduler, in the server's front end. This
+  says where requests waited, not what bounds tok/s: a server that fed them sooner may only lengthen its steps
+  (the H100 curve's probe with four API server processes did), so it is a line of the reading, not a verdict word;
+- or every request ran at once, and the steps bound the throughput.
 Per window: the most requests the engine reported running at once, the most waiting, and its peak KV cache usage
 (the fraction of the KV pool in use). A window was fed when its engine ran at least `min_running_fraction` of the
 level at once (the cut of the steady log intervals). Waiting requests alone say nothing: between two waves of a
-level, new requests wait a step to be admitted. Engines whose log carries none of these (llama.cpp) give NaN, and
-no capacity reading.
+level, new requests wait a step to be admitted. Engines whose log carries none of these (llama.cpp, or vLLM with
+more than one API server process, which turns its stats logging off) give NaN, and no capacity reading.
 """
 
 from __future__ import annotations
@@ -62,9 +63,6 @@ def kv_full(row: pd.Series | dict, kv_full_fraction: float = KV_FULL_FRACTION) -
     return bool(np.isfinite(kv) and kv >= kv_full_fraction)
 
 
-FRONT_END_BOUND = "FRONT-END-BOUND"
-
-
 def fed(row: pd.Series | dict, min_running_fraction: float) -> bool | None:
     """Whether the engine ran at least min_running_fraction x the level at once; None without a running count."""
     run = row["peak_running"]
@@ -87,10 +85,8 @@ class Capacity:
 
     @property
     def word(self) -> str | None:
-        """KV CACHE FULL AT N, else FRONT-END-BOUND, else None (every request ran: the engine's steps bound it)."""
-        if self.kv_full_level is not None:
-            return f"KV CACHE FULL AT {self.kv_full_level}"
-        return FRONT_END_BOUND if self.unfed else None
+        """KV CACHE FULL AT N where the KV cache filled, else None (the client's side names the bound)."""
+        return f"KV CACHE FULL AT {self.kv_full_level}" if self.kv_full_level is not None else None
 
     def text(self, saturated: bool = True) -> str:
         lv = ", ".join(map(str, self.levels))
@@ -101,9 +97,10 @@ class Capacity:
         if self.kv_full_level is not None:
             return f"{ran}; {kv}: the KV cache filled at {self.kv_full_level}"
         if self.unfed:
-            return (f"{ran}, none waiting in its queue; {kv}: the other requests in flight were held before the "
-                    f"engine, in the server's front end (HTTP, chat template, tokenizer); median TTFT "
-                    f"{each(self.ttft_ms, lambda x: f'{x:.0f}')} ms")
+            return (f"{ran}, none waiting in its queue; {kv}: the other requests in flight waited before its "
+                    f"scheduler, in the server's front end (median TTFT {each(self.ttft_ms, lambda x: f'{x:.0f}')} "
+                    "ms); whether a server that fed them sooner would turn them into more tok/s, this reading cannot "
+                    "tell")
         fed_text = f"{ran} (fed: {self.min_running_fraction:.0%} of the level or more); {kv}"
         return fed_text + (": every request ran, and the steps bound the throughput" if saturated else "")
 
