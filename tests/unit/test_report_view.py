@@ -162,11 +162,25 @@ def test_summary_says_whether_the_run_was_resumed_from_the_manifest_parts(tmp_pa
     assert "stopped" not in rv.summary_html(_summary(), tmp_path)
 
 
-@pytest.mark.parametrize("status", ["interrupted", "abandoned", "failed"])
+@pytest.mark.parametrize("status", ["interrupted", "abandoned"])
 def test_a_run_stopped_before_its_end_says_so_in_the_summary(tmp_path, status):
     (tmp_path / "manifest.json").write_text(json.dumps({"status": status, "parts": [{"started_at": "t"}]}))
     assert (f"collected in one go (not resumed); the run was stopped before its end (status {status})"
             in rv.summary_html(_summary(), tmp_path))
+
+
+def test_a_failed_run_names_its_error_not_a_stop_it_may_not_have_had(tmp_path):
+    # the H100 probe's manifest: every window measured, then the notebook's analysis failed
+    error = ("cell 2 (In [3]) at `book = open_book(\"concurrency_curve\", params_file, run_dir, reuse_data, overrides, "
+             "analysis)` raised KeyError: 'sweeps_left_out'")
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "failed", "error": error,
+                                                        "parts": [{"started_at": "t"}]}))
+    out = rv.summary_html(_summary(), tmp_path)
+    assert "stopped before its end" not in out
+    assert "the run ended with status failed (cell 2 (In [3]) at `book = open_book(" in out
+    assert "the figures are what its saved data holds" in out
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "failed", "parts": []}))
+    assert "status failed (no error recorded)" in rv.summary_html(_summary(), tmp_path)
 
 
 def test_save_summary_writes_what_the_index_reads(tmp_path):

@@ -134,8 +134,9 @@ def run_parts(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
         return {}
     parts = doc.get("parts") or []
     resumed = sum(1 for p in parts if isinstance(p, dict) and p.get("resumed_from"))
-    return {"status": doc.get("status"), "parts": len(parts), "resumed": resumed,
-            "renders": len(doc.get("renders") or [])}
+    out = {"status": doc.get("status"), "parts": len(parts), "resumed": resumed,
+           "renders": len(doc.get("renders") or [])}
+    return {**out, "error": doc.get("error")} if doc.get("status") == "failed" else out
 
 
 STOPPED_STATUSES = ("interrupted", "failed", "abandoned")  # a manifest's status of a run that did not finish
@@ -150,7 +151,11 @@ def collection_line(parts: Mapping[str, Any]) -> str:
     line = (f"resumed {n} time{'s' if n != 1 else ''} ({parts.get('parts')} parts)" if n
             else "collected in one go (not resumed)")
     status = parts.get("status")
-    if status in STOPPED_STATUSES:
+    if status == "failed":  # its collection may have ended (a notebook cell failed after it) or not: say what it was
+        error = str(parts.get("error") or "no error recorded")
+        line += (f"; the run ended with status failed ({error[:200]}{'...' if len(error) > 200 else ''}): the "
+                 "figures are what its saved data holds")
+    elif status in STOPPED_STATUSES:
         line += (f"; the run was stopped before its end (status {status}): the figures are what it measured "
                  "until then")
     return line
