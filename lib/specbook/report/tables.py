@@ -39,11 +39,10 @@ def server_startup(s: ServerRecord, run_dir: str | os.PathLike[str] | None = Non
     """A server's start-up facts: what its engine's parser reads from its log in the run folder now (so a better
     parser improves old runs too) over what was recorded at the run (the harness's process count; everything
     when the log is gone or the engine unknown)."""
-    from specbook.engines.common import stored_log
-
     log = Path(run_dir) / s.log_path if run_dir is not None and s.log_path else None
     engine = s.versions.get("engine")
-    facts = startup_facts_of(engine, log) if engine and log is not None and stored_log(log) is not None else None
+    # a log that is gone (or only its .gz copy left) is the engine parser's to find: engines.common.facts_of_log
+    facts = startup_facts_of(engine, log) if engine and log is not None else None
     return {**(s.startup or {}), **(facts or {})}
 
 

@@ -233,8 +233,8 @@ def collect(params: ConcurrencyCurveParams, ctx: Any) -> CurveData:
 
 def explorer_run_id(params: ConcurrencyCurveParams) -> str:
     """The run whose server finds the levels past the top (`extend`): the schedule's first."""
-    order, (sweep, arm) = 0, next(iter(interleaved_schedule(params.arms(), params.sweeps)))
-    return run_name(order, sweep, arm)
+    sweep, arm = interleaved_schedule(params.arms(), params.sweeps)[0]
+    return run_name(0, sweep, arm)
 
 
 def reached_levels(ctx: Any, params: ConcurrencyCurveParams) -> list[int]:
@@ -517,11 +517,10 @@ class CurveResult:
                 change.interval_text(f"within sweep blocks (df {r['change_df']:g})"), "", "",
                 change.why() + (f" The joint test of any dependence on the level gives p = {fmt(p, 3)}."
                                 if pd.notna(p) else "")))
-        gain = f"{extension.SATURATION_GAIN:.0%}"
+        gain, m = f"{extension.SATURATION_GAIN:.0%}", params.measurement
         for arm, level in self.saturation.items():
             sweeps = int(self.windows.loc[self.windows["arm"] == arm, "sweep"].nunique())
             side = bound.bound(self.windows, arm, level)
-            m = params.measurement
             held = capacity.capacity(self.windows, arm, level, m.kv_full_fraction, m.min_running_fraction)
             words = [f"SATURATES AT {level}" if level is not None else "STILL GROWING"]
             # the client's bound first; on the server's side, what the engine's log says held it back

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from specbook.experiments.concurrency_curve.bound import read_windows
+
 PEAKS = ("peak_running", "peak_waiting", "peak_kv_usage")
 # the usage from which the pool counts as full: vLLM's log rounds to 0.1% and keeps a little headroom unused
 KV_FULL_FRACTION = 0.95
@@ -58,6 +60,10 @@ def with_peaks(windows: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _joined(values: list[float], fmt: str) -> str:
+    return ", ".join(format(v, fmt) for v in values)
+
+
 def kv_full(row: pd.Series | dict, kv_full_fraction: float = KV_FULL_FRACTION) -> bool:
     kv = row["peak_kv_usage"]
     return bool(np.isfinite(kv) and kv >= kv_full_fraction)
@@ -90,15 +96,13 @@ class Capacity:
 
     def text(self, saturated: bool = True) -> str:
         lv = ", ".join(map(str, self.levels))
-        each = lambda xs, f: ", ".join(f(x) for x in xs)  # noqa: E731
-        ran = f"at {lv} the engine ran at most {each(self.running, lambda x: f'{x:.0f}')} at once"
-        kv = (f"KV cache at most {each(self.kv_usage, lambda x: f'{x:.1%}')} in use (full from "
-              f"{self.kv_full_fraction:.0%})")
+        ran = f"at {lv} the engine ran at most {_joined(self.running, '.0f')} at once"
+        kv = f"KV cache at most {_joined(self.kv_usage, '.1%')} in use (full from {self.kv_full_fraction:.0%})"
         if self.kv_full_level is not None:
             return f"{ran}; {kv}: the KV cache filled at {self.kv_full_level}"
         if self.unfed:
             return (f"{ran}, none waiting in its queue; {kv}: the other requests in flight waited before its "
-                    f"scheduler, in the server's front end (median TTFT {each(self.ttft_ms, lambda x: f'{x:.0f}')} "
+                    f"scheduler, in the server's front end (median TTFT {_joined(self.ttft_ms, '.0f')} "
                     "ms); whether a server that fed them sooner would turn them into more tok/s, this reading cannot "
                     "tell")
         fed_text = f"{ran} (fed: {self.min_running_fraction:.0%} of the level or more); {kv}"
@@ -109,8 +113,6 @@ def capacity(windows: pd.DataFrame, arm: str, saturation_level: int | None,
              kv_full_fraction: float = KV_FULL_FRACTION, min_running_fraction: float = 0.75) -> Capacity | None:
     """The arm's capacity reading from its windows' PEAKS columns, at the levels bound.read_windows reads; None
     when its engine's log gave none."""
-    from specbook.experiments.concurrency_curve.bound import read_windows
-
     w = windows[windows["arm"] == arm] if len(windows) else windows
     if not len(w) or not all(c in w.columns for c in PEAKS) or w[list(PEAKS)].isna().all().all():
         return None
@@ -133,6 +135,5 @@ def capacity_table(windows: pd.DataFrame) -> pd.DataFrame:
     if not len(windows) or not all(c in windows.columns for c in PEAKS):
         return pd.DataFrame()
     g = windows.groupby(["arm", "level"], sort=True)
-    out = pd.DataFrame({"peak running": g["peak_running"].max(), "peak waiting": g["peak_waiting"].max(),
-                        "peak KV usage %": 100 * g["peak_kv_usage"].max(), "windows": g.size()}).reset_index()
-    return out
+    return pd.DataFrame({"peak running": g["peak_running"].max(), "peak waiting": g["peak_waiting"].max(),
+                         "peak KV usage %": 100 * g["peak_kv_usage"].max(), "windows": g.size()}).reset_index()

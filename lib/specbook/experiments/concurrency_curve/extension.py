@@ -72,5 +72,5 @@ def replay(explorer: pd.DataFrame, planned: list[int], ext: LevelExtension,
     """The first server's decisions again, from its windows in the order it measured them: one after its planned
     levels, one after each level it added (what the report says of how the levels were found)."""
     ordered = explorer.sort_values("level_order")
-    n = len([lv for lv in ordered["level"] if int(lv) in set(planned)])
+    n = int(ordered["level"].isin(planned).sum())
     return [next_level(ordered.iloc[:i], ext, kv_full_fraction) for i in range(n, len(ordered) + 1) if i]
