@@ -77,6 +77,8 @@ class IngestResult(BaseModel):
     broken_lines: int = Field(description="lines of a known kind whose fields could not be read")
     first_timestamp: datetime | None
     last_timestamp: datetime | None
+    printed_al_mean: float | None = Field(None, description="the log's own printed AL averaged over its records, "
+                                          "unweighted, where the log prints no counts (SGLang); null elsewhere")
     note: str | None = None
 
 

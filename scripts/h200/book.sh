@@ -77,8 +77,15 @@ install_all() {
       rm -rf "$LLAMA/build"
     fi
   fi
+  if ls "$VC"/sglang.tar.part-* > /dev/null 2>&1; then  # the SGLang kit (scripts/sglang/prepare.sh), carried
+    VC="$VC" bash "$REPO/scripts/sglang/install.sh"   # into /tmp/sglsite, its own PYTHONPATH folder (verified)
+  fi
   echo "book: the runs will use the export of $sha in $REPO"
   set +e
+}
+
+needs_llama() {  # PARAMS_FILE (in $REPO): whether a side of it is llama.cpp
+  grep -Eq '^\s*engine:\s*llamacpp\b' "$REPO/$1"
 }
 
 book_env() {  # the runs' environment, in $REPO
@@ -89,6 +96,9 @@ book_env() {  # the runs' environment, in $REPO
   # the manifests' commit: $REPO is `git archive` of it and nothing else, so the tree is clean
   SPECBOOK_GIT_SHA=$(cat "$STATE/EXPORT_SHA")
   export SPECBOOK_GIT_SHA SPECBOOK_GIT_DIRTY=0
+  # SGLang's packages stay off the runs' PYTHONPATH (vLLM's pins must not see its flashinfer): its adapter puts
+  # them first on its own servers' path only
+  [ -e /tmp/sglsite/.done ] && export SPECBOOK_SGLANG_SITE=/tmp/sglsite
   cd "$REPO" || exit 1
 }
 
@@ -108,7 +118,7 @@ check_runs() {  # every entry's params load (with its overrides), before anythin
   local entry ok=0
   for entry in ${BOOK_RUNS:-$DEFAULT_RUNS}; do
     parse_entry "$entry" || { ok=1; continue; }
-    if [ "$ENTRY_EXP" = cross_engine ] && [ ! -d "$LLAMA" ]; then
+    if [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS" && [ ! -d "$LLAMA" ]; then
       echo "book.sh: $entry needs llama.cpp's sources or a carried build, which pack.sh left out (PACK_LLAMA=0)" >&2; ok=1
     fi
     python3 -m specbook check --experiment "$ENTRY_EXP" "$ENTRY_PARAMS" "${ENTRY_ARGS[@]}" || ok=1
@@ -170,22 +180,31 @@ run_all() {
   book_env
   nvidia-smi > "$STATE/nvidia-smi.txt" 2>&1
   nvidia-smi -q > "$STATE/nvidia-smi-q.txt" 2>&1   # verbatim, for parser fixtures
-  local runs=${BOOK_RUNS:-$DEFAULT_RUNS} t0=$SECONDS build_pid="" entry
-  if [[ " $runs" != *" cross_engine:"* ]] || [ -x "$LLAMA/build/bin/llama-server" ]; then
-    :                                             # no cross_engine, or a carried build
-  elif [[ " $runs" == " cross_engine:"* ]]; then  # the first run: the build has the machine (beside the models)
+  local runs=${BOOK_RUNS:-$DEFAULT_RUNS} t0=$SECONDS build_pid="" entry llama_runs=""
+  for entry in $runs; do  # the entries with a llama.cpp side, in order
+    parse_entry "$entry" && [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS" && llama_runs+=" $entry"
+  done
+  if [ -z "$llama_runs" ] || [ -x "$LLAMA/build/bin/llama-server" ]; then
+    :                                             # no llama.cpp side, or a carried build
+  elif entry=${llama_runs# } && [[ " $runs" == " ${entry%% *}"* ]]; then  # the first run: the build has the machine
     (build_llama 0 "$(nproc)" > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
     build_pid=$!
-  elif [[ " $runs" == *" cross_engine:"* ]]; then
+  else
     (build_llama 19 8 > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
     build_pid=$!
   fi
   # byte-compile the carried packages (installed --no-compile) while the models are prepared: the first
   # vLLM start then imports as fast as the later ones
-  (nice -n 10 python3 -m compileall -q -j 4 /tmp/site > "$STATE/compileall.log" 2>&1) &
+  (nice -n 10 python3 -m compileall -q -j 4 /tmp/site $([ -d /tmp/sglsite ] && echo /tmp/sglsite) > "$STATE/compileall.log" 2>&1) &
   say "models: prepare"
   python3 -m specbook models prepare || { say "models: prepare failed"; touch "$STATE/done"; return 1; }
   say "models: ready in $((SECONDS - t0)) s"
+  if [ -n "${SPECBOOK_SGLANG_SITE:-}" ] && [ "${BOOK_SGLANG_CAPTURE:-1}" = 1 ]; then
+    # verbatim SGLang output for the parser tests (tests/fixtures/sglang/), before the runs: one server
+    say "sglang: capture"
+    python3 "$REPO/scripts/sglang/capture.py" "$STATE/sglang-capture" > "$STATE/sglang-capture.txt" 2>&1
+    say "sglang: capture rc=$? in $((SECONDS - t0)) s: $(tail -1 "$STATE/sglang-capture.txt")"
+  fi
   cp -r ~/.cache/specbook/models "$STATE/models-meta" 2>/dev/null && find "$STATE/models-meta" -name '*.safetensors' -delete
   for entry in $runs; do
     parse_entry "$entry" || continue
@@ -196,7 +215,7 @@ run_all() {
       say "$ENTRY_TAG: not started ($((SECONDS - t0)) s > BOOK_START_BY_S=$BOOK_START_BY_S)"
       echo "$ENTRY_TAG late" >> "$STATE/skipped"; continue
     fi
-    if [ "$ENTRY_EXP" = cross_engine ]; then
+    if [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS"; then
       if [ -n "$build_pid" ]; then
         say "llama.cpp: waiting for the CUDA build"
         wait "$build_pid"; build_pid=""

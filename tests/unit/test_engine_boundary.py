@@ -51,7 +51,7 @@ def bare():
 def test_every_package_under_engines_registers_its_adapter():
     packages = {p.name for p in (LIB / "engines").iterdir() if (p / "__init__.py").is_file()}
     owners = {type(get_engine(n)).__module__.split(".")[2] for n in list_engines()}
-    assert packages == {"vllm", "llamacpp"} and packages <= owners
+    assert packages == {"vllm", "llamacpp", "sglang"} and packages <= owners
 
 
 def test_adding_a_package_under_engines_is_enough_to_register_an_engine(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ LLAMA = FIXTURES / "llamacpp"
 KEYS = [
     "file", "engine", "source", "records", "record_kind", "drafts", "draft_tokens", "accepted_tokens", "k", "al",
     "acceptance_rate", "accepted_per_position", "env", "stats_lines", "total_lines", "unknown_lines",
-    "broken_lines", "first_timestamp", "last_timestamp", "note",
+    "broken_lines", "first_timestamp", "last_timestamp", "printed_al_mean", "note",
 ]  # fmt: skip
 
 
@@ -90,17 +90,18 @@ def test_directory_is_not_a_log(tmp_path):
 def test_text_of_no_engine_is_refused(tmp_path):
     other = tmp_path / "notes.txt"
     other.write_text("shopping list\neggs\nmilk\n")
-    with pytest.raises(IngestError, match=r"notes.txt: no line looks like a known engine's log \(llamacpp, vllm\) "
+    with pytest.raises(IngestError, match=r"notes.txt: no line looks like a known engine's log \(llamacpp, sglang, vllm\) "
                        r"nor a benchmark result an engine reads \(vllm\)"):
         ingest.ingest_file(other)
 
 
-def test_a_log_of_an_engine_without_a_package_is_refused_naming_those_read(tmp_path):
-    """An engine's log is read by its package under specbook.engines; without one, nothing claims the file."""
+def test_a_log_format_no_package_reads_is_refused_naming_those_read(tmp_path):
+    """An engine's log is read by its package under specbook.engines, in the format of the release it pins: an
+    older SGLang's decode line ("Decode batch." with no speculation fields) is claimed by none."""
     log = tmp_path / "sglang.log"
     log.write_text("[2026-11-30 10:00:00 TP0] Decode batch. #running-req: 1, #token: 80, gen throughput (token/s): 50\n"
                    "[2026-11-30 10:00:01] INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK (sglang)\n")
-    with pytest.raises(IngestError, match=r"sglang.log: no line looks like a known engine's log \(llamacpp, vllm\)"):
+    with pytest.raises(IngestError, match=r"sglang.log: no line looks like a known engine's log \(llamacpp, sglang, vllm\)"):
         ingest.ingest_file(log)
 
 
@@ -122,9 +123,10 @@ def test_detect_engine_reads_content_not_names():
 def test_every_registered_engine_detects_its_own_logs_only():
     vllm_head = NGRAM_LOG.read_text().splitlines()
     llama_head = (LLAMA / "server-off.log").read_text().splitlines()
-    assert set(list_engines()) == {"vllm", "llamacpp"}
-    assert get_engine("vllm").detect_log(vllm_head) > get_engine("llamacpp").detect_log(vllm_head)
-    assert get_engine("llamacpp").detect_log(llama_head) > get_engine("vllm").detect_log(llama_head)
+    assert set(list_engines()) == {"vllm", "llamacpp", "sglang"}
+    for head, own in ((vllm_head, "vllm"), (llama_head, "llamacpp")):
+        scores = {name: get_engine(name).detect_log(head) for name in list_engines()}
+        assert max(scores, key=scores.get) == own and sorted(scores.values())[-2] < scores[own], scores
 
 
 # --- llama.cpp -------------------------------------------------------------------------------------------

@@ -218,11 +218,28 @@ class CrossEngineParams(ExperimentParams):
         unknown = sorted(set(self.cost_split.lanes or []) - set(names))
         if unknown:
             raise ValueError(f"cost_split.lanes: {unknown} are not lanes of this run ({names})")
+        self._instruments_on_both_sides()
         fewest = max(self.warm_repeats, self.equal_work.warm_repeats or 0)
         if self.timing.max_warm_repeats < fewest:
             raise ValueError(f"timing.max_warm_repeats ({self.timing.max_warm_repeats}) is below the repeats every "
                              f"cell gets (warm_repeats / equal_work.warm_repeats: {fewest}): raise it or lower those")
         return self
+
+    def _instruments_on_both_sides(self) -> None:
+        """Traces and the cost split compare the two sides: refused, naming the field and the engine, where a
+        side's engine has no proposal tracer or no step profiler (it would fail at its phase, after the timed
+        windows)."""
+        from specbook.engines import capability
+        from specbook.engines.base import ProfilesSteps, TracesProposals
+
+        wanted = [("traces.enabled", self.traces.enabled, TracesProposals, "proposal tracer"),
+                  ("cost_split.enabled", self.cost_split.enabled, ProfilesSteps, "step profiler")]
+        for field_name, enabled, kind, what in wanted:
+            lacking = [f"{side.label} ({side.engine.engine})" for side in (self.ours, self.oracle)
+                       if enabled and capability(side.engine.engine, kind) is None]
+            if lacking:
+                raise ValueError(f"{field_name}: {', '.join(lacking)} has no {what}, and a one-sided {what} "
+                                 f"compares nothing: set {field_name} false")
 
     def draws_workload(self) -> bool:
         """Whether the run sends drawn prompts: a workload, and num_prompts unset or beyond the fixed list."""

@@ -286,9 +286,10 @@ def _arm_intervals(data: KnobABData, runs: pd.DataFrame, arm_of: dict, notes: li
     iv = data.intervals[data.intervals["run_id"].isin(runs["run_id"])].copy()
     no_cut = ""
     if not steady.has_interval_columns(iv):
-        # llama.cpp logs per request, not per stats interval: no load cut; its AL comes from the counters
-        no_cut = ("the engine's log has no stats intervals (llama.cpp logs draft statistics per request), so there "
-                  "is no steady-state cut; AL comes from the /metrics counter deltas of each run (counter_al)")
+        # llama.cpp logs per request, SGLang per interval without counts: no load cut; AL from the counters
+        no_cut = ("the engine's log has no stats intervals with acceptance counts (llama.cpp logs draft statistics "
+                  "per request, SGLang an AL per interval without its counts), so there is no steady-state cut; AL "
+                  "comes from the /metrics counter deltas of each run (counter_al)")
         notes.append(no_cut)
         iv = steady.empty_intervals().assign(run_id=pd.Series(dtype=str))
     iv["arm"] = iv["run_id"].map(arm_of)

@@ -1,0 +1,253 @@
+"""SGLang adapter (sglang 0.5.15.post1, the release pinned to torch 2.11.0; CUDA only: SGLang has no CPU wheel).
+
+EngineConfig maps onto `python -m sglang.launch_server` as follows:
+  model               --model-path (resolved as for vLLM: the same bf16 safetensors folder)
+  served_model_name   --served-model-name
+  max_num_seqs        --max-running-requests (and --cuda-graph-max-bs: no decode graph above what can run)
+  max_model_len       --context-length
+  dtype               --dtype
+  seed                --random-seed
+  attention_backend   --attention-backend (fa3, flashinfer, triton, ...; None: SGLang's default, fa3 on Hopper)
+  enforce_eager       true: --disable-cuda-graph; false: SGLang's CUDA graphs (decode, and prefill "breakable"
+                      graphs; SGLang compiles nothing with torch.compile unless asked in extra_args)
+  speculative_config  {"method": "draft_model", "model", "num_speculative_tokens": k}
+                        -> --speculative-algorithm STANDALONE --speculative-draft-model-path DRAFT
+                           --speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1
+                           (a chain of k greedy draft tokens, verified by one target pass; SGLang needs all three)
+                        `attention_backend` in it -> --speculative-draft-attention-backend (unset: the target's)
+                      {"method": "ngram", "num_speculative_tokens": k}
+                        -> --speculative-algorithm NGRAM --speculative-num-draft-tokens k+1
+                           --speculative-ngram-min-bfs-breadth 1 --speculative-ngram-max-bfs-breadth 1
+                           (k proposals per step; SGLang counts the verified root token in num-draft-tokens and
+                           pads missing proposals, so every step verifies k). Its n-grams come from a trie of
+                           the request's suffixes: it has no lookup size, so prompt_lookup_max / _min are taken
+                           and not mapped, and the set-up table says so.
+Always: --enable-metrics (the counters specbook reads), --log-level info (the decode-batch lines).
+Refused at params time, naming the field: a speculative method or key it has no mapping for.
+
+Where SGLang is installed apart from specbook's own packages (carried to a GPU host beside vLLM's), the folder
+$SPECBOOK_SGLANG_SITE names is put first on the server's PYTHONPATH, and versions are read there first.
+SGL_FORCE_SHUTDOWN=1 (unless set): on SIGTERM SGLang would otherwise drain its requests with no time limit.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specbook.core.errors import EngineError
+from specbook.core.versions import torch_cuda_version
+from specbook.engines.base import EngineConfig, SetupFact
+from specbook.engines.common import LOOPBACK, loopback_spec, server_json_field, speculation_facts
+from specbook.engines.registry import register_engine
+from specbook.models.resolve import resolve_model
+from specbook.serve.server import ServerSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from specbook.serve.metrics import CounterDelta, MetricsSnapshot
+
+SITE_ENV = "SPECBOOK_SGLANG_SITE"
+LAUNCH_MODULE = "sglang.launch_server"
+# distributions a report names, by the key it shows them under
+DISTS = {"sglang": ("sglang",), "sglang-kernel": ("sglang-kernel", "sgl-kernel"),
+         "flashinfer": ("flashinfer-python", "flashinfer_python"), "torch": ("torch",)}
+SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+             "attention_backend")
+NGRAM_LOOKUP = "suffix trie, BFS breadth 1 (no lookup size: prompt_lookup_max/min not mapped)"
+
+
+def site() -> str | None:
+    """The folder $SPECBOOK_SGLANG_SITE names; EngineError when it names no folder."""
+    value = os.environ.get(SITE_ENV)
+    if not value:
+        return None
+    if not Path(value).is_dir():
+        raise EngineError(f"{SITE_ENV}={value}: no such folder (where SGLang's packages were installed)")
+    return value
+
+
+def installed_version(dists: Sequence[str], where: str | None = None) -> str | None:
+    """The version of the first of `dists` found in `where` (then on sys.path), without importing it."""
+    paths = ([where] if where else []) + sys.path
+    for dist in dists:
+        for found in importlib.metadata.distributions(name=dist, path=paths):
+            return found.version
+    return None
+
+
+def _method(spec: Mapping[str, Any]) -> str | None:
+    return spec.get("method") or ("draft_model" if spec.get("model") else None)
+
+
+def speculation_refusals(spec: Mapping[str, Any] | None) -> list[str]:
+    """What of a speculative_config SGLang cannot honour, each naming its key; [] for None."""
+    if not spec:
+        return []
+    refused = [f"speculative_config.{key} has no SGLang mapping (it maps {', '.join(SPEC_KEYS)})"
+               for key in spec if key not in SPEC_KEYS]
+    method, k = _method(spec), spec.get("num_speculative_tokens")
+    if method not in SPEC_METHODS:
+        refused.append(f"speculative_config.method {method!r} has no SGLang mapping; known: {sorted(SPEC_METHODS)}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        refused.append(f"speculative_config.num_speculative_tokens must be a positive int, got {k!r}")
+    if method == "draft_model" and not isinstance(spec.get("model"), str):
+        refused.append("speculative_config.model (the draft) is required for method draft_model")
+    if method == "ngram" and spec.get("attention_backend") is not None:
+        refused.append("speculative_config.attention_backend is the draft model's: method ngram has none")
+    return refused
+
+
+def _draft_model_args(spec: Mapping[str, Any], k: int) -> list[str]:
+    args = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", resolve_model(spec["model"]),
+            "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1)]
+    if spec.get("attention_backend"):
+        args += ["--speculative-draft-attention-backend", str(spec["attention_backend"])]
+    return args
+
+
+def _ngram_args(spec: Mapping[str, Any], k: int) -> list[str]:
+    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1),
+            "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
+
+
+# Registry: speculative method -> launch_server flags (see the module docstring)
+SPEC_METHODS = {"draft_model": _draft_model_args, "ngram": _ngram_args}
+
+
+def speculative_args(spec: Mapping[str, Any] | None) -> list[str]:
+    if not spec:
+        return []
+    refused = speculation_refusals(spec)
+    if refused:
+        raise EngineError("; ".join(refused))
+    return SPEC_METHODS[str(_method(spec))](spec, spec["num_speculative_tokens"])
+
+
+def _graphs_fact(cfg: EngineConfig, startup: Mapping[str, Any]) -> SetupFact:
+    if cfg.enforce_eager:
+        return SetupFact("eager", "--disable-cuda-graph: no CUDA graphs (SGLang compiles nothing by default)")
+    captured = startup.get("graph_capture_s") or {}
+    return SetupFact("CUDA graphs", "SGLang's decode and breakable prefill graphs, no torch.compile"
+                     + (f"; captured: {', '.join(sorted(captured))}" if captured else ""))
+
+
+@register_engine("sglang")
+class SglangEngine:
+    name = "sglang"
+    # what specbook sets itself: extra_args that set one are refused at params time
+    reserved_options = ("--host", "--port", "--served-model-name", "--enable-metrics", "--log-level")
+    metrics_prefix = "sglang:"
+    health_path = "/health"
+    models_path = "/v1/models"
+    version_keys = ("sglang", "sglang-kernel", "torch", "cuda")
+
+    def refusals(self, cfg: EngineConfig) -> list[str]:
+        return speculation_refusals(cfg.speculative_config)
+
+    def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
+        argv = [sys.executable, "-m", LAUNCH_MODULE, "--model-path", resolve_model(cfg.model)]
+        argv += ["--served-model-name", cfg.client_model_name(), "--host", host, "--port", str(port)]
+        argv += ["--enable-metrics", "--log-level", "info"]
+        if cfg.max_num_seqs is not None:
+            argv += ["--max-running-requests", str(cfg.max_num_seqs)]
+            if not cfg.enforce_eager:
+                argv += ["--cuda-graph-max-bs", str(cfg.max_num_seqs)]
+        if cfg.max_model_len is not None:
+            argv += ["--context-length", str(cfg.max_model_len)]
+        if cfg.dtype is not None:
+            argv += ["--dtype", cfg.dtype]
+        if cfg.seed is not None:
+            argv += ["--random-seed", str(cfg.seed)]
+        if cfg.attention_backend is not None:
+            argv += ["--attention-backend", cfg.attention_backend]
+        if cfg.enforce_eager:
+            argv.append("--disable-cuda-graph")
+        return argv + speculative_args(cfg.speculative_config) + list(cfg.extra_args)
+
+    def build_env(self, cfg: EngineConfig, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Overrides on top of the parent env: SGLang's site first on PYTHONPATH, no endless drain on SIGTERM,
+        then the config's own env."""
+        parent = dict(os.environ) if parent is None else dict(parent)
+        env: dict[str, str] = {}
+        where = site()
+        if where:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (where, parent.get("PYTHONPATH")) if p)
+        if "SGL_FORCE_SHUTDOWN" not in parent:
+            env["SGL_FORCE_SHUTDOWN"] = "1"
+        env.update(cfg.env)
+        return env
+
+    def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
+        argv = self.build_argv(cfg, host=LOOPBACK, port=port)
+        return loopback_spec(self, cfg, name=name, log_path=log_path, port=port, argv=argv, env=self.build_env(cfg))
+
+    def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
+        """Versions where the server imports them ($SPECBOOK_SGLANG_SITE first) and, with a URL, /server_info's."""
+        versions: dict[str, str] = {"engine": self.name}
+        where = site()
+        for key, dists in DISTS.items():
+            found = installed_version(dists, where)
+            if found:
+                versions[key] = found
+        if "torch" in versions:
+            versions["cuda"] = torch_cuda_version() or "none"
+        if where:
+            versions["sglang_site"] = where
+        if base_url:
+            versions["server_sglang"] = server_json_field(base_url, "/server_info", "version")
+        return versions
+
+    def spec_decode_delta(
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+    ) -> CounterDelta:
+        """Its counters over finished requests (specbook.engines.sglang.metrics): scrape after they returned."""
+        from specbook.engines.sglang.metrics import counter_delta
+
+        return counter_delta(before, after, model_name=model_name)
+
+    def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
+        from specbook.engines.sglang.startup import log_startup_facts
+
+        return log_startup_facts(log_path)
+
+    def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
+        facts: dict[str, SetupFact] = {}
+        if startup.get("processes"):
+            facts["server processes"] = SetupFact(str(startup["processes"]), "HTTP server and tokenizer, scheduler, "
+                                                  "detokenizer")
+        running = startup.get("max_running_requests") or cfg.max_num_seqs
+        facts["concurrent sequences"] = SetupFact(str(running or "SGLang's default"), "--max-running-requests")
+        ctx = startup.get("context_len") or cfg.max_model_len
+        if ctx:
+            facts["context per sequence"] = SetupFact(str(ctx), "--context-length")
+        dtype = cfg.dtype or "the checkpoint's"
+        facts["weights"] = SetupFact({"bf16": "bfloat16"}.get(dtype, dtype), "--dtype" if cfg.dtype else "")
+        facts["graphs / compilation"] = _graphs_fact(cfg, startup)
+        facts.update(speculation_facts(
+            cfg.speculative_config, ngram_lookup=NGRAM_LOOKUP, draft_detail="STANDALONE, top-1 chain, greedy "
+            "verification", k_detail="--speculative-num-steps (draft) / --speculative-num-draft-tokens - 1"))
+        return facts
+
+    def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:
+        """One row per decode-batch line: load and the printed AL (no counts: see engines.sglang.logparse)."""
+        from specbook.engines.sglang.logparse import decode_lines_frame
+
+        return decode_lines_frame(lines)
+
+    def detect_log(self, head_lines: Sequence[str]) -> int:
+        from specbook.engines.sglang.logparse import detect_log
+
+        return detect_log(head_lines)
+
+    def summarise_log(self, path: str | Path) -> dict[str, Any]:
+        """The log's decode lines for `specbook ingest` (no counts; the note says where they come from)."""
+        from specbook.engines.sglang.logparse import ingest_summary
+
+        return ingest_summary(path)
