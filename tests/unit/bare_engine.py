@@ -16,7 +16,7 @@ class BareEngine:
     def probe_versions(self, base_url=None):
         return {"engine": self.name}
 
-    def spec_decode_delta(self, before, after, model_name=None):
+    def spec_decode_delta(self, before, after, model_name=None, cfg=None):
         raise NotImplementedError
 
     def startup_facts(self, log_path):

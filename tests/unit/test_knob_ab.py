@@ -423,7 +423,7 @@ def test_a_server_that_dies_at_start_fails_the_run_and_keeps_its_record_and_log(
             def probe_versions(self, base_url=None):
                 return {"engine": self.name}
 
-            def spec_decode_delta(self, before, after, model_name=None):
+            def spec_decode_delta(self, before, after, model_name=None, cfg=None):
                 raise AssertionError("never reached")
 
     p = params(engine={**PARAMS["engine"], "engine": "stub-exit"},

@@ -387,7 +387,8 @@ class SecretsStubEngine:
             versions["stub"] = httpx.get(base_url + "/version", timeout=5, trust_env=False).json()["version"]
         return versions
 
-    def spec_decode_delta(self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None):
+    def spec_decode_delta(self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None,
+                          cfg=None):
         return CounterDelta(acceptance=Acceptance(source="stub: no speculation", drafts=0.0),
                             generation_tokens=int_delta(before, after, "stub_generation_tokens"),
                             requests_succeeded=int_delta(before, after, "stub_requests"),

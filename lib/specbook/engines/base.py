@@ -182,9 +182,11 @@ class Engine(Protocol):
         ...
 
     def spec_decode_delta(
-        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None,
+        cfg: EngineConfig | None = None,
     ) -> CounterDelta:
-        """What the server's counters accrued between two scrapes, through the acceptance model."""
+        """What the server's counters accrued between two scrapes, through the acceptance model. `cfg` is the
+        server's config, for an engine whose counters leave out what it was asked (SGLang: draft tokens a step)."""
         ...
 
     def startup_facts(self, log_path: str | Path) -> dict[str, Any]:

@@ -284,7 +284,7 @@ class Server:
         if flush_wait_s > 0:
             time.sleep(flush_wait_s)
         after = scrape(self.base_url)
-        counters = self.engine.spec_decode_delta(before, after, self.model_name)
+        counters = self.engine.spec_decode_delta(before, after, self.model_name, cfg=self.cfg)
         return Measured(result, wall, counters, self.log_path, log_start, log_size(self.log_path))
 
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,

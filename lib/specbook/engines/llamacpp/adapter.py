@@ -295,7 +295,8 @@ class LlamaCppEngine:
         return describe_build(versions)
 
     def spec_decode_delta(
-        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None,
+        cfg: EngineConfig | None = None,
     ) -> CounterDelta:
         """llamacpp:spec_decode_* counters between two scrapes (they carry no model label: one model per server).
 

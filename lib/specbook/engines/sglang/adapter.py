@@ -205,12 +205,16 @@ class SglangEngine:
         return versions
 
     def spec_decode_delta(
-        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None,
+        cfg: EngineConfig | None = None,
     ) -> CounterDelta:
-        """Its counters over finished requests (specbook.engines.sglang.metrics): scrape after they returned."""
+        """Its counters over finished requests (specbook.engines.sglang.metrics): scrape after they returned.
+        Draft tokens a step are the config's k (SGLang sets its gauge of them only at decode-log intervals)."""
         from specbook.engines.sglang.metrics import counter_delta
 
-        return counter_delta(before, after, model_name=model_name)
+        spec = cfg.speculative_config if cfg is not None else None
+        k = spec.get("num_speculative_tokens") if spec else None
+        return counter_delta(before, after, model_name=model_name, k=k)
 
     def startup_facts(self, log_path: str | Path) -> dict[str, Any]:
         from specbook.engines.sglang.startup import log_startup_facts

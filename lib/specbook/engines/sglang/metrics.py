@@ -12,7 +12,8 @@ over finished requests, in the acceptance model's terms:
 
     drafts          = d spec_verify_calls
     accepted_tokens = d generation_tokens - d num_requests - d spec_verify_calls
-    draft_tokens    = drafts x (sglang:spec_num_draft_tokens - 1)   the gauge counts the verified root token too
+    draft_tokens    = drafts x k   (the config's k; the gauge sglang:spec_num_draft_tokens - 1 checks it: the gauge
+                                    counts the verified root token, and is set only at decode-log intervals)
 
 A run of accepted tokens that a stop string, EOS or max_tokens cuts short is not in completion_tokens, so
 accepted_tokens can fall short of what the target accepted by at most k per request (the counters cannot tell).
@@ -36,8 +37,9 @@ SOURCE = "sglang /metrics delta"
 
 
 def draft_tokens_per_step(snapshot: MetricsSnapshot, model_name: str | None = None) -> int | None:
-    """Draft tokens proposed per verify step (the gauge's count less the verified root token); None before
-    the server has logged a speculative batch (the gauge is set at its log intervals) or without speculation."""
+    """Draft tokens proposed per verify step as the server's gauge says (its count less the verified root token);
+    None where the gauge is unset or 0: SGLang sets it only at a decode-log interval (every 40 decode batches by
+    default), so before a server's first interval, and without speculation, it says nothing."""
     values = {s.value for s in snapshot.select(SPEC_NUM_DRAFT_TOKENS, model_name=model_name)}
     if len(values) > 1:
         raise MetricsError(f"{SPEC_NUM_DRAFT_TOKENS}: more than one value {sorted(values)} for one model")
@@ -45,8 +47,12 @@ def draft_tokens_per_step(snapshot: MetricsSnapshot, model_name: str | None = No
     return int(value) - 1 if value is not None and value > 1 else None
 
 
-def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None) -> CounterDelta:
-    """SGLang's counters between two snapshots, through the acceptance model (see the module docstring)."""
+def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None,
+                  k: int | None = None) -> CounterDelta:
+    """SGLang's counters between two snapshots, through the acceptance model (see the module docstring).
+
+    `k` is what the server was asked to propose a step (its config's num_speculative_tokens); without it the
+    gauge's value is used, and a gauge that disagrees with it is an error (the server runs another config)."""
     labels = {"model_name": model_name}
     verify = int_delta(before, after, SPEC_VERIFY_CALLS, **labels) or 0
     generated = int_delta(before, after, GENERATION_TOKENS, **labels)
@@ -61,10 +67,14 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, model_name: s
             raise MetricsError(
                 f"SGLang counters: {generated} generation tokens for {requests} requests and {verify} verify steps "
                 "leave a negative accepted count: a request finished between the scrapes was not counted whole")
-    per_step = draft_tokens_per_step(after, model_name)
+    gauge = draft_tokens_per_step(after, model_name)
+    if k is not None and gauge is not None and gauge != k:
+        raise MetricsError(f"{SPEC_NUM_DRAFT_TOKENS} says {gauge + 1} tokens a verify step (root included), the "
+                           f"config {k} drafts + the root: the server runs another config")
+    per_step = k if k is not None else gauge
     if verify and per_step is None:
-        raise MetricsError(f"{SPEC_NUM_DRAFT_TOKENS} is not set although {verify} verify steps ran: draft tokens "
-                           "per step unknown")
+        raise MetricsError(f"{SPEC_NUM_DRAFT_TOKENS} is not set although {verify} verify steps ran (SGLang sets it "
+                           "at its first decode-log interval), and no config says k: draft tokens per step unknown")
     acceptance = Acceptance.from_counts(SOURCE, drafts=verify, draft_tokens=verify * (per_step or 0),
                                         accepted_tokens=accepted)
     return CounterDelta(

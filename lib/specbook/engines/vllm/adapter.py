@@ -207,7 +207,8 @@ class VllmEngine:
         return versions
 
     def spec_decode_delta(
-        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None
+        self, before: MetricsSnapshot, after: MetricsSnapshot, model_name: str | None = None,
+        cfg: EngineConfig | None = None,
     ) -> CounterDelta:
         from specbook.engines.vllm.metrics import counter_delta
 
