@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, once every part is in $VC (default /tmp/vc, shared with the vLLM kit):
 # verify, unpack and install SGLang 0.5.15.post1 into /tmp/sglsite (run it with
-# PYTHONPATH=/tmp/sglsite:/tmp/site). Idempotent; a failing smoke import does not fail the script.
+# PYTHONPATH=/tmp/sglsite:/tmp/site, as env.sh sets it). Idempotent; a failing smoke import fails it (exit 2),
+# so that book.sh starts no run on a kit that cannot serve.
 set -uo pipefail
 VC=${VC:-/tmp/vc}; B=/tmp/sglbundle; T=/tmp/sglsite; PY=${PY:-python3}
 t0=$(date +%s.%N); step() { local t=$(date +%s.%N); awk -v a="$t0" -v b="$t" -v m="$*" 'BEGIN{printf "[%6.1fs] %s\n", b-a, m}'; t0=$t; }
@@ -17,9 +18,12 @@ if [ ! -f "$T/.done" ]; then
 else
   echo "already installed in $T"
 fi
-PYTHONPATH=$T:/tmp/site${PYTHONPATH:+:$PYTHONPATH} "$PY" - <<'PY' || true
+PYTHONPATH=$T:$T/nvidia_cutlass_dsl/python_packages:/tmp/site${PYTHONPATH:+:$PYTHONPATH} "$PY" - <<'PY'
 import importlib, traceback
-for mod in ["torch", "transformers", "sgl_kernel", "flashinfer", "sglang", "sglang.srt.server_args", "sglang.srt.entrypoints.http_server"]:
+failed = []
+# what a server imports: the HTTP server, and (to capture a draft model's CUDA graphs) the DSA backend with CUTLASS's DSL
+for mod in ["torch", "tokenizers", "transformers", "sgl_kernel", "flashinfer", "cutlass", "sglang", "sglang.srt.server_args",
+            "sglang.srt.entrypoints.http_server", "sglang.srt.layers.attention.dsa_backend"]:
     try:
         m = importlib.import_module(mod)
         v = getattr(m, "__version__", "")
@@ -29,6 +33,9 @@ for mod in ["torch", "transformers", "sgl_kernel", "flashinfer", "sglang", "sgla
         if mod == "sgl_kernel":
             print("     common_ops", m.common_ops.__file__)
     except BaseException:
-        print(f"FAIL {mod}"); traceback.print_exc()
+        print(f"FAIL {mod}"); traceback.print_exc(); failed.append(mod)
+raise SystemExit(f"smoke imports failed: {failed}" if failed else 0)
 PY
+smoke=$?
 step "smoke check"
+[ "$smoke" -eq 0 ] || { echo "install.sh: the SGLang kit does not import (above): no server could start" >&2; exit 2; }

@@ -26,8 +26,12 @@ Always: --enable-metrics (the counters specbook reads), --log-level info (the de
 Refused at params time, naming the field: a speculative method or key it has no mapping for.
 
 Where SGLang is installed apart from specbook's own packages (carried to a GPU host beside vLLM's), the folder
-$SPECBOOK_SGLANG_SITE names is put first on the server's PYTHONPATH, and versions are read there first.
-SGL_FORCE_SHUTDOWN=1 (unless set): on SIGTERM SGLang would otherwise drain its requests with no time limit.
+$SPECBOOK_SGLANG_SITE names is put first on the server's PYTHONPATH, with the folders its .pth files name (a
+`pip --target` folder is no site directory, so Python would not read them: CUTLASS's DSL, which SGLang imports to
+capture a draft model's CUDA graphs, lives in one), and versions are read there first.
+SGLANG_FORCE_SHUTDOWN=1 (unless set): on SIGTERM SGLang would otherwise drain its requests with no time limit.
+SGLANG_GRPC_PORT (unless set) where --port + 10000, the gRPC port SGLang derives and refuses to start with, is
+past 65535: a port below --port instead (gRPC stays off; SGLang only checks the number).
 """
 
 from __future__ import annotations
@@ -60,6 +64,21 @@ DISTS = {"sglang": ("sglang",), "sglang-kernel": ("sglang-kernel", "sgl-kernel")
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "attention_backend")
 NGRAM_LOOKUP = "suffix trie, BFS breadth 1 (no lookup size: prompt_lookup_max/min not mapped)"
+
+
+SHUTDOWN_ENV = "SGLANG_FORCE_SHUTDOWN"
+GRPC_PORT_ENV, GRPC_PORT_OFFSET = "SGLANG_GRPC_PORT", 10000
+
+
+def site_paths(where: str) -> list[str]:
+    """`where` and the folders its .pth files name (relative to it; import lines and absent folders skipped)."""
+    paths = [where]
+    for pth in sorted(Path(where).glob("*.pth")):
+        for line in pth.read_text(encoding="utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "import ")) and (Path(where) / line).is_dir():
+                paths.append(str(Path(where) / line))
+    return paths
 
 
 def site() -> str | None:
@@ -178,15 +197,18 @@ class SglangEngine:
         env: dict[str, str] = {}
         where = site()
         if where:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (where, parent.get("PYTHONPATH")) if p)
-        if "SGL_FORCE_SHUTDOWN" not in parent:
-            env["SGL_FORCE_SHUTDOWN"] = "1"
+            env["PYTHONPATH"] = os.pathsep.join([*site_paths(where), *filter(None, [parent.get("PYTHONPATH")])])
+        if SHUTDOWN_ENV not in parent and "SGL_FORCE_SHUTDOWN" not in parent:  # the old name, still read
+            env[SHUTDOWN_ENV] = "1"
         env.update(cfg.env)
         return env
 
     def build_spec(self, cfg: EngineConfig, *, name: str, log_path: Path, port: int) -> ServerSpec:
         argv = self.build_argv(cfg, host=LOOPBACK, port=port)
-        return loopback_spec(self, cfg, name=name, log_path=log_path, port=port, argv=argv, env=self.build_env(cfg))
+        env = self.build_env(cfg)
+        if port + GRPC_PORT_OFFSET > 65535 and GRPC_PORT_ENV not in env and GRPC_PORT_ENV not in os.environ:
+            env[GRPC_PORT_ENV] = str(port - GRPC_PORT_OFFSET)
+        return loopback_spec(self, cfg, name=name, log_path=log_path, port=port, argv=argv, env=env)
 
     def probe_versions(self, base_url: str | None = None) -> dict[str, str]:
         """Versions where the server imports them ($SPECBOOK_SGLANG_SITE first) and, with a URL, /server_info's."""

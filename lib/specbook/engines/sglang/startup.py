@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 _STAMP = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
-_ARG = r"\b{name}=(?:'(?P<value>[^']*)'|(?P<bare>None|True|False|-?\d+))"
+_ARG = r"\b{name}=(?:'(?P<value>[^']*)'|(?P<bare>None|True|False|-?\d+(?:\.\d+)?))"
 _SERVER_ARGS = "server_args=ServerArgs("
 _KV = re.compile(r"KV Cache is allocated\. .*#tokens: (?P<tokens>\d+)")
 _LIMITS = re.compile(r"max_total_num_tokens=(?P<total>\d+).*max_running_requests=(?P<running>\d+).*"
