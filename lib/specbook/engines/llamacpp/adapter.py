@@ -325,7 +325,7 @@ class LlamaCppEngine:
         facts["weights"] = SetupFact("bfloat16", "a GGUF of the same bf16 tensors (specbook.models.weights)")
         facts["graphs / compilation"] = SetupFact("llama.cpp's own", "ggml graphs, reused between steps; no switch")
         facts.update(speculation_facts(
-            cfg.speculative_config, ngram_lookup=str(_ngram_size(cfg.speculative_config or {})), draft_detail="draft-simple, p-min 0, greedy verification",
+            cfg.speculative_config, ngram_lookup=f"match length {_ngram_size(cfg.speculative_config or {})}", draft_detail="draft-simple, p-min 0, greedy verification",
             k_detail="--spec-draft-n-max / --spec-ngram-simple-size-m"))
         return facts
 

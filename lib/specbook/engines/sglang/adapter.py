@@ -63,7 +63,7 @@ DISTS = {"sglang": ("sglang",), "sglang-kernel": ("sglang-kernel", "sgl-kernel")
          "flashinfer": ("flashinfer-python", "flashinfer_python"), "torch": ("torch",)}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "attention_backend")
-NGRAM_LOOKUP = "suffix trie, BFS breadth 1 (no lookup size: prompt_lookup_max/min not mapped)"
+NGRAM_LOOKUP = "from a suffix trie, BFS breadth 1 (no match length: prompt_lookup_max/min not mapped)"
 
 
 SHUTDOWN_ENV = "SGLANG_FORCE_SHUTDOWN"

@@ -240,7 +240,7 @@ class VllmEngine:
         spec = cfg.speculative_config or {}
         lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
         facts.update(speculation_facts(
-            cfg.speculative_config, ngram_lookup=f"{lo or hi}..{hi or lo}" if lo != hi else str(hi),
+            cfg.speculative_config, ngram_lookup="match length " + (f"{lo or hi}..{hi or lo}" if lo != hi else str(hi)),
             draft_detail="greedy draft, verified by the rejection sampler", k_detail="num_speculative_tokens"))
         return facts
 
