@@ -76,12 +76,16 @@ i=0; for part in "$work"/extra.tar.part-*; do
 done
 du -sh "$out"/x*
 # the kit prepare.sh made (its part size and count: `prepare.sh .gpu-carry 40M` for smaller parts)
-kit_parts=$(ls -d "$out"/p[0-9]* 2>/dev/null | wc -l)
+kit_parts=$(ls -d "$out"/p[0-9]* "$out"/s[0-9]* 2>/dev/null | wc -l)  # pieces ride with either kit's parts
 kit_part=$( { stat -c %s "$out"/p0/bundle.tar.part-* 2>/dev/null || echo $((51 * 1048576)); } | head -1)
+# the SGLang kit's parts (scripts/sglang/prepare.sh) ride the same way: the larger part bounds a transfer
+sgl_part=$(stat -c %s "$out"/s0/sglang.tar.part-* 2>/dev/null | head -1)
+[ -n "$sgl_part" ] && [ "$sgl_part" -gt "$kit_part" ] && kit_part=$sgl_part
 [ "$kit_parts" -gt 0 ] || { kit_parts=6; echo "note: no kit in $out yet; assuming 6 parts of 51 MiB" >&2; }
 [ "$i" -le "$kit_parts" ] || { echo "pack.sh: $i pieces, more than the $kit_parts kit parts they ride with: PACK_LLAMA=0 or a larger PIECE_SIZE (see below)" >&2; exit 1; }
 # what travels with a call: the working tree (tracked and untracked-not-ignored files), a kit part, a piece
-tree=$(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+# (files deleted from the working tree, e.g. docs/reports for a lease, are not carried: stat skips them)
+tree=$(cd "$root" && { git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null || true; } | awk '{s+=$1} END {print s+0}')
 piece=$(stat -c %s "$out/x0/extra.tar.part-00")
 total=$((tree + kit_part + piece))
 echo "a transfer: working tree $tree + kit part $kit_part + piece $piece = $total bytes (limit 67108864)"
