@@ -223,3 +223,17 @@ def read_trace_dir_files(jsonl: Path, status: Path):
     from specbook.traces.records import read_trace_file
 
     return read_trace_file(jsonl), json.loads(status.read_text())
+
+
+def test_an_earlier_requests_late_log_lines_are_not_taken_for_the_pass():
+    """A real llama-server log range of a two-request pass that also held the warm-up's task, written late by the
+    server's log thread: the pass's tasks are the last two; fewer tasks than requests stays an error."""
+    from specbook.engines.llamacpp.tracer import pass_tasks
+
+    lines = (FIX / "llamacpp-draft-simple-late-earlier-task.log").read_text().splitlines()
+    tasks = list(parse_trace_lines(lines).emitted)
+    assert tasks == ["task-0", "task-6", "task-16"]
+    assert pass_tasks(tasks, 2, "s") == (["task-6", "task-16"], ["task-0"])
+    assert pass_tasks(tasks[1:], 2, "s") == (["task-6", "task-16"], [])
+    with pytest.raises(TraceError, match="s: the debug log shows 1 tasks emitting tokens for 2 requests"):
+        pass_tasks(tasks[2:], 2, "s")

@@ -34,6 +34,18 @@ def prompt_ids(base_url: str, resp: dict[str, Any]) -> list[int] | None:
     return None
 
 
+def pass_tasks(tasks: list[str], n_requests: int, server_name: str) -> tuple[list[str], list[str]]:
+    """The tasks of a pass's requests, in log order, and those before them. The requests go one at a time, after
+    whatever the server served before the pass; llama-server writes its log from a thread of its own, so an
+    earlier request's lines can land after the pass's log range began: such tasks come first and are not the
+    pass's. Fewer tasks than requests: TraceError (the server was not started with -v, or its log was cut)."""
+    if len(tasks) < n_requests:
+        raise TraceError(f"{server_name}: the debug log shows {len(tasks)} tasks emitting tokens for {n_requests} "
+                         "requests (was the server started with -v?)")
+    cut = len(tasks) - n_requests
+    return tasks[cut:], tasks[:cut]
+
+
 class LlamaCppTracer:
     extra_body: dict[str, Any] = {}
     traces_whole_server = True  # `-v` from the server's start: a traced server of its own
@@ -52,10 +64,7 @@ class LlamaCppTracer:
         from specbook.engines.llamacpp.traceparse import ngram_proposals, parse_trace_lines
 
         parsed = parse_trace_lines(traced.log_text.splitlines())
-        tasks = list(parsed.emitted)
-        if len(tasks) != len(traced.responses):
-            raise TraceError(f"{traced.server_name}: the debug log shows {len(tasks)} tasks emitting tokens for "
-                             f"{len(traced.responses)} requests (was the server started with -v?)")
+        tasks, earlier = pass_tasks(list(parsed.emitted), len(traced.responses), traced.server_name)
         requests, histories = [], {}
         for req, resp, task in zip(traced.requests, traced.responses, tasks, strict=True):
             ids = prompt_ids(traced.base_url, resp)
@@ -65,4 +74,7 @@ class LlamaCppTracer:
             if ids is not None:
                 histories[task] = list(ids) + out
         notes = ([EOG_NOTE] if parsed.stopped_on_eog else []) + ([NGRAM_NOTE] if parsed.ngram_matches else [])
+        if earlier:
+            notes.append(f"the pass's log also held {len(earlier)} earlier task(s) ({', '.join(earlier)}): lines of "
+                         "requests sent before it, which llama-server's log thread wrote after the pass began; left out")
         return TraceReading(ngram_proposals(parsed, histories), requests, notes)
