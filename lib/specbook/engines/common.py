@@ -1,12 +1,15 @@
 """Helpers every adapter so far shares: a loopback ServerSpec, a field of a server's JSON document, the
-speculation aspects of a set-up, a start-up facts parser over a log file."""
+speculation aspects of a set-up, a start-up facts parser over a log file, seconds per start-up part, and one pass
+over a log for `specbook ingest` (its Env line, its line counts, the lines holding a marker)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbook.core.envline import ENV_PREFIX, parse_env_line
+from specbook.core.errors import IngestError
 from specbook.engines.base import EngineConfig, SetupFact
 
 if TYPE_CHECKING:
@@ -78,3 +81,49 @@ def facts_of_log(path: str | Path, parse: Callable[[Iterable[str]], dict[str, An
     opener = gzip.open if found.suffix == ".gz" else open
     with opener(found, "rt", encoding="utf-8", errors="replace") as fh:
         return parse(fh)
+
+
+def start_parts(order: Sequence[str], ends: Mapping[str, float]) -> dict[str, float]:
+    """Seconds per start-up part (`order`: the parts in the order they end) from the seconds since the log's start
+    at which the line ending each was written; a part whose line is missing merges into the next one."""
+    parts, previous = {}, 0.0
+    for name in order:
+        if name in ends:
+            parts[name] = round(max(ends[name] - previous, 0.0), 3)
+            previous = max(previous, ends[name])
+    return parts
+
+
+class LogScan:
+    """One pass over a server log, line by line (split on "\\n"): `marked(marker)` yields the lines holding the
+    marker, decoded; meanwhile the first `Env:` line is read (`env`) and lines are counted. The reader counts a
+    marked line it cannot read in `broken` itself; `unknown(records)` is what is left."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.env: dict[str, str] | None = None
+        self.total = self.env_lines = self.broken = 0
+
+    def marked(self, marker: str) -> Iterator[str]:
+        wanted, env_prefix = marker.encode(), ENV_PREFIX.encode()
+        try:
+            with self.path.open("rb") as handle:
+                for raw in handle:
+                    self.total += 1
+                    if raw.startswith(env_prefix):
+                        try:
+                            parsed = parse_env_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                        except ValueError:
+                            self.broken += 1
+                            continue
+                        self.env_lines += 1
+                        if self.env is None:
+                            self.env = parsed or {}
+                    elif wanted in raw:
+                        yield raw.decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise IngestError(f"cannot read log file {self.path}: {exc.strerror or exc}") from exc
+
+    def unknown(self, records: int) -> int:
+        """Lines that are neither the Env line, a record, nor broken."""
+        return self.total - records - self.env_lines - self.broken

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.acceptance import Acceptance
-from specbook.core.envline import ENV_PREFIX, parse_env_line
-from specbook.core.errors import IngestError
+from specbook.engines.common import LogScan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,41 +99,22 @@ class DraftLogSummary:
 def summarise_log(path: str | Path) -> DraftLogSummary:
     """Read a llama-server log line by line (split on "\\n"): the Env line, the draft statistics lines (a
     line holding "draft acceptance = " that does not read is broken), every other line unknown."""
-    path = Path(path)
-    env: dict[str, str] | None = None
-    accepted = drafted = requests = total = broken = env_lines = 0
+    scan = LogScan(path)
+    accepted = drafted = requests = 0
     mean_lens: list[float] = []
-    marker, env_prefix = DRAFT_MARKER.encode(), ENV_PREFIX.encode()
-    try:
-        with path.open("rb") as handle:
-            for raw in handle:
-                total += 1
-                if raw.startswith(env_prefix):
-                    try:
-                        parsed = parse_env_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-                    except ValueError:
-                        broken += 1
-                        continue
-                    env_lines += 1
-                    if env is None:
-                        env = parsed or {}
-                    continue
-                if marker not in raw:
-                    continue
-                m = _DRAFT_LINE.search(raw.decode("utf-8", errors="replace"))
-                if m is None:
-                    broken += 1
-                    continue
-                requests += 1
-                accepted += int(m["accepted"])
-                drafted += int(m["generated"])
-                if m["mean_len"] is not None:
-                    mean_lens.append(float(m["mean_len"]))
-    except OSError as exc:
-        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
+    for line in scan.marked(DRAFT_MARKER):
+        m = _DRAFT_LINE.search(line)
+        if m is None:
+            scan.broken += 1
+            continue
+        requests += 1
+        accepted += int(m["accepted"])
+        drafted += int(m["generated"])
+        if m["mean_len"] is not None:
+            mean_lens.append(float(m["mean_len"]))
     acceptance = Acceptance.from_counts(SOURCE, None, drafted, accepted)
-    return DraftLogSummary(str(path), env, acceptance, requests, total, total - requests - env_lines - broken, broken,
-                           mean_lens)
+    return DraftLogSummary(str(scan.path), scan.env, acceptance, requests, scan.total, scan.unknown(requests),
+                           scan.broken, mean_lens)
 
 
 def ingest_summary(path: str | Path) -> dict[str, Any]:

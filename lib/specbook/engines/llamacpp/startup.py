@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from specbook.engines.common import start_parts
+
 _THREADS = re.compile(r"threadpool init, n_threads = (?P<n>\d+)")
 _SLOTS = re.compile(r"initializing, n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+)")
 _STAMP = re.compile(r"^(?P<min>\d+)\.(?P<s>\d\d)\.(?P<ms>\d\d\d)\.(?P<us>\d\d\d) [IWEDT] ")
@@ -29,17 +31,6 @@ _PART_ENDS = (("imports", "llama_server: initializing"), ("setup", "load_model: 
 def _seconds(line: str) -> float | None:
     m = _STAMP.match(line)
     return int(m["min"]) * 60 + int(m["s"]) + int(m["ms"]) / 1e3 + int(m["us"]) / 1e6 if m else None
-
-
-def _start_parts(ends: dict[str, float]) -> dict[str, float]:
-    """Seconds per part from the stamps of the lines that end them; a part whose line is missing merges into the
-    next one."""
-    parts, previous = {}, 0.0
-    for name, _ in _PART_ENDS:
-        if name in ends:
-            parts[name] = round(max(ends[name] - previous, 0.0), 3)
-            previous = ends[name]
-    return parts
 
 
 def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
@@ -63,7 +54,7 @@ def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
         if len(facts) == 3 and len(ends) == len(_PART_ENDS):
             break
     if ends:
-        facts["start_parts"] = _start_parts(ends)
+        facts["start_parts"] = start_parts([name for name, _ in _PART_ENDS], ends)
     return facts
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.acceptance import Acceptance
-from specbook.core.envline import ENV_PREFIX, parse_env_line
-from specbook.core.errors import IngestError
+from specbook.engines.common import LogScan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -122,41 +121,23 @@ class DecodeLogSummary:
 def summarise_log(path: str | Path) -> DecodeLogSummary:
     """Read an SGLang log line by line: the Env line, the decode-batch lines (one holding "Decode batch, " that
     does not read is broken), every other line unknown."""
-    path = Path(path)
-    env: dict[str, str] | None = None
-    total = broken = env_lines = decode = 0
+    scan = LogScan(path)
+    decode = 0
     als: list[float] = []
     first = last = None
-    try:
-        with path.open("rb") as handle:
-            for raw in handle:
-                total += 1
-                if raw.startswith(ENV_PREFIX.encode()):
-                    try:
-                        parsed = parse_env_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-                    except ValueError:
-                        broken += 1
-                        continue
-                    env_lines += 1
-                    env = parsed or {} if env is None else env
-                    continue
-                if b"Decode batch" not in raw:
-                    continue
-                line = raw.decode("utf-8", errors="replace")
-                row = read_decode_line(line)
-                if row is None:
-                    broken += 1
-                    continue
-                decode += 1
-                stamp = _PREFIX.match(line)
-                if stamp:
-                    first = first or stamp["stamp"]
-                    last = stamp["stamp"]
-                if row["printed_al"] is not None:
-                    als.append(row["printed_al"])
-    except OSError as exc:
-        raise IngestError(f"cannot read log file {path}: {exc.strerror or exc}") from exc
-    return DecodeLogSummary(str(path), env, decode, als, total, total - decode - env_lines - broken, broken,
+    for line in scan.marked(DECODE_MARKER):
+        row = read_decode_line(line)
+        if row is None:
+            scan.broken += 1
+            continue
+        decode += 1
+        stamp = _PREFIX.match(line)
+        if stamp:
+            first = first or stamp["stamp"]
+            last = stamp["stamp"]
+        if row["printed_al"] is not None:
+            als.append(row["printed_al"])
+    return DecodeLogSummary(str(scan.path), scan.env, decode, als, scan.total, scan.unknown(decode), scan.broken,
                             first, last)
 
 

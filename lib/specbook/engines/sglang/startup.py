@@ -27,6 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from specbook.engines.common import start_parts
+
 _STAMP = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 _ARG = r"\b{name}=(?:'(?P<value>[^']*)'|(?P<bare>None|True|False|-?\d+(?:\.\d+)?))"
 _SERVER_ARGS = "server_args=ServerArgs("
@@ -110,19 +112,9 @@ def startup_facts(lines: Iterable[str]) -> dict[str, Any]:
     if graphs:
         facts["graph_capture_s"] = graphs
     if first is not None and ends:
-        facts["start_parts"] = _start_parts(first, ends)
+        facts["start_parts"] = start_parts([name for name, _ in _PART_ENDS],
+                                           {name: (at - first).total_seconds() for name, at in ends.items()})
     return facts
-
-
-def _start_parts(first: datetime, ends: dict[str, datetime]) -> dict[str, float]:
-    """Seconds per part from the first line to the line ending each; a part whose line is missing merges into
-    the next one."""
-    parts, previous = {}, first
-    for name, _ in _PART_ENDS:
-        if name in ends:
-            parts[name] = max((ends[name] - previous).total_seconds(), 0.0)
-            previous = max(previous, ends[name])
-    return parts
 
 
 def log_startup_facts(path: str | Path) -> dict[str, Any]:
