@@ -5,12 +5,18 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import sys
 from pathlib import Path
 
 
-def dist_version(*dists: str) -> tuple[str, str] | None:
-    """(distribution name, version) of the first installed of `dists`, without importing it."""
+def dist_version(*dists: str, first_in: str | None = None) -> tuple[str, str] | None:
+    """(distribution name, version) of the first installed of `dists`, without importing it; `first_in`: a folder
+    searched before sys.path (packages installed apart, put first on a server's PYTHONPATH)."""
     for dist in dists:
+        if first_in is not None:
+            for found in importlib.metadata.distributions(name=dist, path=[first_in, *sys.path]):
+                return dist, found.version
+            continue
         try:
             return dist, importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -36,7 +36,6 @@ past 65535: a port below --port instead (gRPC stays off; SGLang only checks the 
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.errors import EngineError
-from specbook.core.versions import torch_cuda_version
+from specbook.core.versions import dist_version, torch_cuda_version
 from specbook.engines.base import EngineConfig, SetupFact
 from specbook.engines.common import LOOPBACK, loopback_spec, server_json_field, speculation_facts
 from specbook.engines.registry import register_engine
@@ -89,15 +88,6 @@ def site() -> str | None:
     if not Path(value).is_dir():
         raise EngineError(f"{SITE_ENV}={value}: no such folder (where SGLang's packages were installed)")
     return value
-
-
-def installed_version(dists: Sequence[str], where: str | None = None) -> str | None:
-    """The version of the first of `dists` found in `where` (then on sys.path), without importing it."""
-    paths = ([where] if where else []) + sys.path
-    for dist in dists:
-        for found in importlib.metadata.distributions(name=dist, path=paths):
-            return found.version
-    return None
 
 
 def _method(spec: Mapping[str, Any]) -> str | None:
@@ -215,9 +205,9 @@ class SglangEngine:
         versions: dict[str, str] = {"engine": self.name}
         where = site()
         for key, dists in DISTS.items():
-            found = installed_version(dists, where)
+            found = dist_version(*dists, first_in=where)
             if found:
-                versions[key] = found
+                versions[key] = found[1]
         if "torch" in versions:
             versions["cuda"] = torch_cuda_version() or "none"
         if where:
