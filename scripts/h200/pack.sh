@@ -82,7 +82,6 @@ kit_part=$( { stat -c %s "$out"/p0/bundle.tar.part-* 2>/dev/null || echo $((51 *
 sgl_part=$(stat -c %s "$out"/s0/sglang.tar.part-* 2>/dev/null | head -1)
 [ -n "$sgl_part" ] && [ "$sgl_part" -gt "$kit_part" ] && kit_part=$sgl_part
 [ "$kit_parts" -gt 0 ] || { kit_parts=6; echo "note: no kit in $out yet; assuming 6 parts of 51 MiB" >&2; }
-[ "$i" -le "$kit_parts" ] || { echo "pack.sh: $i pieces, more than the $kit_parts kit parts they ride with: PACK_LLAMA=0 or a larger PIECE_SIZE (see below)" >&2; exit 1; }
 # what travels with a call: the working tree (tracked and untracked-not-ignored files), a kit part, a piece
 # (files deleted from the working tree, e.g. docs/reports for a lease, are not carried: stat skips them)
 tree=$(cd "$root" && { git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null || true; } | awk '{s+=$1} END {print s+0}')
@@ -90,4 +89,7 @@ piece=$(stat -c %s "$out/x0/extra.tar.part-00")
 total=$((tree + kit_part + piece))
 echo "a transfer: working tree $tree + kit part $kit_part + piece $piece = $total bytes (limit 67108864)"
 [ "$total" -le 67108864 ] || { echo "pack.sh: over the 64 MiB a transfer may carry: smaller kit parts (prepare.sh DIR 40M) or a smaller PIECE_SIZE" >&2; exit 1; }
-echo "$i pieces of commit $sha: carry .gpu-carry/xN beside .gpu-carry/pN, both copied into /tmp/vc there"
+echo "$i pieces of commit $sha"
+
+# the carrying calls, in order: a piece beside each kit part, leftover pieces in calls of their own
+python3 "$here/carry_plan.py" "$out" "$tree" "${out#"$root"/}"
