@@ -45,11 +45,16 @@ def plan(out: Path, tree_bytes: int, limit: int = TRANSFER_LIMIT) -> list[list[s
     for i, kit in enumerate(kits):
         calls.append([kit.name] + ([pieces[i].name] if i < len(pieces) else []))
     for call in calls:
-        total = tree_bytes + sum(_size(out / name) for name in call)
+        total = transfer_bytes(out, call, tree_bytes)
         if total > limit:
             raise CarryPlanError(f"{out}: the call carrying {', '.join(call)} holds {total} bytes with the tree "
                                  f"(limit {limit}): smaller kit parts or pieces")
     return calls
+
+
+def transfer_bytes(out: Path, call: list[str], tree_bytes: int) -> int:
+    """What one call carries: the working tree and its folders."""
+    return tree_bytes + sum(_size(out / name) for name in call)
 
 
 def render(calls: list[list[str]], rel: str) -> str:
@@ -73,10 +78,15 @@ def main(argv: list[str]) -> int:
     except CarryPlanError as e:
         print(f"carry_plan.py: {e}", file=sys.stderr)
         return 1
+    if not _numbered(out, "s") + _numbered(out, "p"):
+        print(f"note: no kit part in {out} yet: the plan holds the pieces only (prepare the kits, then pack again)",
+              file=sys.stderr)
     text = render(calls, argv[2] if len(argv) == 3 else str(out))
     (out / "CARRY_PLAN").write_text(text)
     print(text, end="")
-    print(f"{len(calls)} carrying calls ({out / 'CARRY_PLAN'})")
+    largest = max((transfer_bytes(out, c, tree) for c in calls), default=tree)
+    print(f"{len(calls)} carrying calls ({out / 'CARRY_PLAN'}); the largest transfer {largest} bytes with the "
+          f"working tree's {tree} (limit {TRANSFER_LIMIT})")
     return 0
 
 

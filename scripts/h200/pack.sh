@@ -75,21 +75,11 @@ i=0; for part in "$work"/extra.tar.part-*; do
   i=$((i+1))
 done
 du -sh "$out"/x*
-# the kit prepare.sh made (its part size and count: `prepare.sh .gpu-carry 40M` for smaller parts)
-kit_parts=$( { ls -d "$out"/p[0-9]* "$out"/s[0-9]* 2>/dev/null || true; } | wc -l)  # pieces ride with either kit's parts
-kit_part=$( { stat -c %s "$out"/p0/bundle.tar.part-* 2>/dev/null || echo $((51 * 1048576)); } | head -1)
-# the SGLang kit's parts (scripts/sglang/prepare.sh) ride the same way: the larger part bounds a transfer
-sgl_part=$( { stat -c %s "$out"/s0/sglang.tar.part-* 2>/dev/null || true; } | head -1)
-[ -n "$sgl_part" ] && [ "$sgl_part" -gt "$kit_part" ] && kit_part=$sgl_part
-[ "$kit_parts" -gt 0 ] || echo "note: no kit in $out yet: a transfer is checked for a part of 51 MiB, and the plan below holds the pieces only (prepare the kits, then pack again)" >&2
-# what travels with a call: the working tree (tracked and untracked-not-ignored files), a kit part, a piece
+# what travels with a call: the working tree (tracked and untracked-not-ignored files) and what carry names
 # (files deleted from the working tree, e.g. docs/reports for a lease, are not carried: stat skips them)
 tree=$(cd "$root" && { git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null || true; } | awk '{s+=$1} END {print s+0}')
-piece=$(stat -c %s "$out/x0/extra.tar.part-00")
-total=$((tree + kit_part + piece))
-echo "a transfer: working tree $tree + kit part $kit_part + piece $piece = $total bytes (limit 67108864)"
-[ "$total" -le 67108864 ] || { echo "pack.sh: over the 64 MiB a transfer may carry: smaller kit parts (prepare.sh DIR 40M) or a smaller PIECE_SIZE" >&2; exit 1; }
 echo "$i pieces of commit $sha"
 
-# the carrying calls, in order: a piece beside each kit part, leftover pieces in calls of their own
+# the carrying calls, in order, each checked against the 64 MiB a transfer may carry (kit parts: prepare.sh's,
+# `prepare.sh .gpu-carry 40M` for smaller ones; pieces: PIECE_SIZE)
 python3 "$here/carry_plan.py" "$out" "$tree" "${out#"$root"/}"
