@@ -70,10 +70,17 @@ install_all() {
   fi
   if [ -f /tmp/x/llama-cuda-bin.tar.gz ]; then  # a build from an earlier lease (pack.sh LLAMA_BIN=...)
     mkdir -p "$LLAMA/build" && tar -xzf /tmp/x/llama-cuda-bin.tar.gz -C "$LLAMA/build"
-    if "$LLAMA/build/bin/llama-server" --version > "$STATE/llama-carried-version.txt" 2>&1; then
+    # its RUNPATH names the folder it was built in, which need not be $LLAMA: its libraries are found beside it,
+    # as the llamacpp adapter finds them (LD_LIBRARY_PATH with the binary's folder first)
+    if LD_LIBRARY_PATH="$LLAMA/build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$LLAMA/build/bin/llama-server" --version \
+        > "$STATE/llama-carried-version.txt" 2>&1; then
       echo "book: llama.cpp from the carried build: $(grep -m1 -i version "$STATE/llama-carried-version.txt")"
     else
-      echo "book: the carried llama.cpp build does not run here (see llama-carried-version.txt): it is built" >&2
+      if [ -f "$LLAMA/CMakeLists.txt" ]; then
+        echo "book: the carried llama.cpp build does not run here (see llama-carried-version.txt): it is built" >&2
+      else
+        echo "book: the carried llama.cpp build does not run here (see llama-carried-version.txt), and no sources were packed: llama.cpp runs are skipped" >&2
+      fi
       rm -rf "$LLAMA/build"
     fi
   fi
@@ -131,7 +138,7 @@ build_llama() {  # NICE JOBS
   # pay for it); cross_engine first: all cores, since nothing is timed until its first server starts
   cd "$LLAMA" && nice -n "$1" cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-    -DCMAKE_BUILD_TYPE=Release && nice -n "$1" cmake --build build --target llama-server -j "$2"
+    -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DCMAKE_BUILD_TYPE=Release && nice -n "$1" cmake --build build --target llama-server -j "$2"
 }
 
 pack_llama_bin() {  # the build's llama-server and its libraries, to hand back once (the next lease carries them)
@@ -155,8 +162,16 @@ newest_run() {  # EXPERIMENT -> its newest run folder (run ids start with the UT
   ls -d "$REPO/outputs/$1"/*/ 2>/dev/null | sort | tail -1
 }
 
-pack_dir() {  # RUN_DIR TARBALL
-  tar -czf "$2.tmp" -C "$(dirname "$1")" "$(basename "$1")" && mv "$2.tmp" "$2"
+pack_dir() {  # RUN_DIR TARBALL [live]
+  # a live run writes while it is read: tar then exits 1 ("file changed as we read it"), and the snapshot still
+  # holds every finished unit, so for a live run that is kept; anything else drops the tarball
+  local rc=0
+  tar --warning=no-file-changed -czf "$2.tmp" -C "$(dirname "$1")" "$(basename "$1")" || rc=$?
+  if [ "$rc" = 0 ] || { [ "${3:-}" = live ] && [ "$rc" = 1 ]; }; then
+    mv "$2.tmp" "$2"
+  else
+    rm -f "$2.tmp"; return 1
+  fi
 }
 
 experiment() {  # EXPERIMENT PARAMS_FILE TAG [-p KEY=VALUE ...]: run it, pack its run folder as RESULTS/TAG.tar.gz
@@ -184,8 +199,8 @@ run_all() {
   for entry in $runs; do  # the entries with a llama.cpp side, in order
     parse_entry "$entry" && [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS" && llama_runs+=" $entry"
   done
-  if [ -z "$llama_runs" ] || [ -x "$LLAMA/build/bin/llama-server" ]; then
-    :                                             # no llama.cpp side, or a carried build
+  if [ -z "$llama_runs" ] || [ -x "$LLAMA/build/bin/llama-server" ] || [ ! -f "$LLAMA/CMakeLists.txt" ]; then
+    :                                             # no llama.cpp side, a carried build, or nothing to build from
   elif entry=${llama_runs# } && [[ " $runs" == " ${entry%% *}"* ]]; then  # the first run: the build has the machine
     (build_llama 0 "$(nproc)" > "$STATE/llama-build.log" 2>&1; echo "rc=$?" >> "$STATE/llama-build.log") &
     build_pid=$!
@@ -219,11 +234,12 @@ run_all() {
       if [ -n "$build_pid" ]; then
         say "llama.cpp: waiting for the CUDA build"
         wait "$build_pid"; build_pid=""
-        tail -3 "$STATE/llama-build.log"; say "llama.cpp: built ($((SECONDS - t0)) s after the runs began)"
+        tail -3 "$STATE/llama-build.log"
+        say "llama.cpp: build $(tail -1 "$STATE/llama-build.log") ($((SECONDS - t0)) s after the runs began)"
         [ -x "$LLAMA/build/bin/llama-server" ] && pack_llama_bin
       fi
       if [ ! -x "$LLAMA/build/bin/llama-server" ]; then
-        say "$ENTRY_TAG: skipped, llama-server did not build (see llama-build.log)"
+        say "$ENTRY_TAG: skipped, no llama-server runs here (llama-carried-version.txt, llama-build.log)"
         echo "$ENTRY_TAG no-llama-server" >> "$STATE/skipped"; continue
       fi
       SPECBOOK_LLAMA_SERVER="$LLAMA/build/bin/llama-server" experiment "$ENTRY_EXP" "$ENTRY_PARAMS" "$ENTRY_TAG" "${ENTRY_ARGS[@]}"
@@ -252,7 +268,7 @@ follow() {  # WAIT_S: until done or WAIT_S, then hand back what has finished and
     if [ ! -e "$STATE/done" ] && [ -n "$tag" ] && [ "$bin_now" = 0 ]; then
       dir=$(newest_run "${tag%%-*}")   # experiment names hold no '-'
       # what it measured so far, should the machine go cold (`specbook run --resume` continues such a folder)
-      [ -n "$dir" ] && pack_dir "$dir" "$STATE/$tag.partial.tar.gz" && hand_back "$STATE/$tag.partial.tar.gz"
+      [ -n "$dir" ] && pack_dir "$dir" "$STATE/$tag.partial.tar.gz" live && hand_back "$STATE/$tag.partial.tar.gz"
       rm -f "$STATE/$tag.partial.tar.gz"
     fi
     tar -czf "$OUT/misc.tar.gz" -C "$STATE" --exclude=results --exclude=done --exclude=handback . 2>/dev/null

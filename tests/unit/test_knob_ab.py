@@ -564,3 +564,34 @@ def test_the_stop_note_says_what_the_last_look_decided():
                         "sequential_looks.json").read_text())
     assert "left the rule undecided" in stop_note(5, looks)
     assert "decided (equivalent) after 3 sweeps" in stop_note(3, [{"sweeps": 3, "decision": "equivalent"}])
+
+
+def test_the_sglang_graphs_run_takes_al_from_sglangs_counters_and_leaves_the_rule_undecided(tmp_path):
+    """The first SGLang knob A/B (docs/reports/knob_ab-h100-sglang-cuda-graphs: SGLang 0.5.15.post1 on an H100, CUDA
+    graphs vs --disable-cuda-graph, 2 sweeps) through today's analysis, from a copy elsewhere: every run's AL is its
+    counters' 1 + accepted / drafts, each server ran the arm it was declared (read from its argv), no steady-state cut
+    is claimed from SGLang's log, and two sweeps leave the equivalence undecided with the sweeps still needed."""
+    import shutil
+
+    src = Path(__file__).parents[2] / "docs/reports/knob_ab-h100-sglang-cuda-graphs"
+    run = Path(shutil.copytree(src, tmp_path / "run"))
+    p = knob_ab.load_params_file(str(run / "params.yaml"))
+    assert p.engine.engine == "sglang"
+    r = knob_ab.analyze(knob_ab.load(RunContext.from_run_dir(run)), p)
+
+    runs = r.runs.set_index("run_id")
+    al = r.decision.run_al.set_index("run_id")
+    assert len(al) == 4 and r.decision.value_col == "counter_al"
+    for run_id, row in al.iterrows():
+        counts = runs.loc[run_id]
+        assert counts["counter_drafts"] > 3000
+        assert row["counter_al"] == pytest.approx(1 + counts["counter_accepted_tokens"] / counts["counter_drafts"])
+    assert r.attribution.flagged.empty and len(r.attribution.table) == 4
+    assert "no steady-state cut" in r.steady.unavailable
+
+    (v,) = r.decision.verdicts
+    assert (v.arm, v.baseline, v.label.word) == ("cuda_graphs", "baseline", "undecided")
+    assert v.label.low < 0 < v.label.high and v.label.high > 1.0 and v.label.low < -1.0
+    assert v.label.projection.to_equivalence > 2
+    head = r.answer(p).headlines[0]
+    assert head.verdict.startswith("UNDECIDED") and "more sweep" in head.verdict
