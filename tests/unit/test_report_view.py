@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -231,3 +232,22 @@ def test_outline_nests_indented_lines():
 @pytest.mark.parametrize("bad", [pd.DataFrame(), None])
 def test_an_empty_table_says_so(bad):
     assert "nothing to show" in rv.table_html(bad)
+
+
+def test_the_summary_says_where_the_run_ran_from_its_manifest_not_from_the_params_text(tmp_path):
+    # an H200 params file run on a lent H100 (docs/reports/knob_ab-h100-attention-backend-both-2sweeps): the
+    # question names the H200, the manifest the card
+    manifest = json.loads((Path(__file__).parents[2] / "docs/reports/knob_ab-h100-attention-backend-both-2sweeps/"
+                           "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    line = rv.ran_on_line(tmp_path)
+    assert line == "1 x NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0); commit 7004b51 (clean tree)"
+    assert f"<b>Ran on.</b> {line}</p>" in rv.summary_html(_summary(), tmp_path)
+    gpu = {"name": "NVIDIA H200", "driver_version": "580.159.04"}
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "hardware": {"gpu": {"nvidia": [gpu, gpu]}}, "git": {"sha": "0123456789abcdef", "dirty": "unknown"}}))
+    assert rv.ran_on_line(tmp_path) == "2 x NVIDIA H200 (driver 580.159.04); commit 0123456 (tree state unknown)"
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "hardware": {"cpu": {"model_name": "AMD EPYC", "threads": 2}, "gpu": {}}, "git": {"sha": "abc", "dirty": True}}))
+    assert rv.ran_on_line(tmp_path) == "no GPU: AMD EPYC, 2 threads; commit abc (uncommitted changes)"
+    assert rv.ran_on_line(tmp_path / "nowhere") == "" and "Ran on." not in rv.summary_html(_summary())

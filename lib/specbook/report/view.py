@@ -117,20 +117,61 @@ def interval(low: float, high: float, level: float | None = None, digits: int = 
 # Evidence from the run folder
 
 
+def _manifest(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The run's manifest as plain JSON (so one written by an older or newer specbook still reads); {} without one."""
+    import json
+
+    if not run_dir:
+        return {}
+    try:
+        doc = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def ran_on_line(run_dir: str | os.PathLike[str] | None) -> str:
+    """Where the run ran, from its manifest: each GPU model with its count, driver and CUDA (or the CPU where it had
+    none), and the commit with its tree's state. The question above it is the params' text, which may name another
+    card (a params file written for an H200 run on a lent H100): this line is what the run recorded. '' without a
+    manifest."""
+    from collections import Counter
+
+    doc = _manifest(run_dir)
+    if not doc:
+        return ""
+    hardware = doc.get("hardware") or {}
+    gpus = [g for g in ((hardware.get("gpu") or {}).get("nvidia") or []) if isinstance(g, dict)]
+    if gpus:
+        names = Counter(str(g.get("name") or "an unnamed GPU") for g in gpus)
+        where = ", ".join(f"{n} x {name}" for name, n in sorted(names.items()))
+        drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
+        cuda = (hardware.get("cuda") or {}).get("driver")
+        details = ([f"driver {', '.join(drivers)}"] if drivers else []) + ([f"CUDA {cuda}"] if cuda else [])
+        if details:
+            where += f" ({', '.join(details)})"
+    else:
+        cpu = hardware.get("cpu") or {}
+        where = "no GPU: " + (str(cpu.get("model_name")) if cpu.get("model_name") else "a CPU")
+        if cpu.get("threads"):
+            where += f", {cpu['threads']} threads"
+    git = doc.get("git") or {}
+    sha = git.get("short_sha") or (str(git["sha"])[:7] if git.get("sha") else "")
+    if sha:
+        dirty = git.get("dirty")  # true, false, or a word where git could not tell
+        state = "clean tree" if dirty is False else "uncommitted changes" if dirty is True else "tree state unknown"
+        where += f"; commit {sha} ({state})"
+    return where
+
+
 def run_parts(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
     """What the manifest says of how the run was collected: status, parts, resumed or not.
 
     Read generically (plain JSON), so a manifest written by an older or newer specbook still reads; a folder
     without a manifest (a notebook run by hand) gives {}.
     """
-    import json
-
-    if not run_dir:
-        return {}
-    path = Path(run_dir) / "manifest.json"
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    doc = _manifest(run_dir)
+    if not doc:
         return {}
     parts = doc.get("parts") or []
     resumed = sum(1 for p in parts if isinstance(p, dict) and p.get("resumed_from"))
@@ -223,12 +264,14 @@ def summary_html(summary: Summary, run_dir: str | os.PathLike[str] | None = None
     from specbook.serve.clientcpu import client_line
 
     client = client_line(run_dir)
+    ran_on = ran_on_line(run_dir)
     return (
         _STYLE + "<div class='sb-summary'><h2>Summary</h2>"
         f"<p class='sb-q'><b>Question.</b> {_e(summary.question)}</p>"
         "<table class='sb-table'><thead><tr>" + "".join(f"<th class='sb-text'>{_e(x)}</th>" for x in heads) +
         f"</tr></thead><tbody>{rows}</tbody></table>"
         f"<p class='sb-evidence'><b>Evidence.</b> {_e('; '.join(evidence))}</p>"
+        + (f"<p class='sb-evidence'><b>Ran on.</b> {_e(ran_on)}</p>" if ran_on else "")
         + (f"<p class='sb-evidence'><b>Contention.</b> {_e(contention)}</p>" if contention else "")
         + (f"<p class='sb-evidence'><b>Client.</b> {_e(client)}</p>" if client else "") + "</div>"
     )
