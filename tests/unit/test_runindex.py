@@ -38,6 +38,7 @@ def test_index_lists_every_run_newest_first_with_headline_and_link(tmp_path):
                                                                          "2026-01-02 10:00:00")
     assert r1["headline"] == "fp32 vs baseline: EQUIVALENT" and r1["report"] == "knob_ab/r1/report.html"
     assert rows[2]["status"].startswith("unreadable manifest")
+    assert r1["ran on"] == ""  # a manifest without hardware
 
     page = runindex.write_index(tmp_path).read_text()
     assert page.count('<a href="knob_ab/r1/report.html">report</a>') == 1
@@ -73,3 +74,11 @@ def test_refresh_index_of_a_render_touches_only_an_index_that_lists_the_run(tmp_
     assert runindex.refresh_index_of(elsewhere) is None and not (tmp_path / "elsewhere" / "index.html").exists()
     run = make_run(tmp_path / "outputs", "knob_ab", "r1", started="2026-01-01T00:00:00+00:00")
     assert runindex.refresh_index_of(run) == (tmp_path / "outputs" / "index.html").resolve()
+
+
+def test_index_names_the_card_each_run_ran_on_not_its_hostname():
+    # the lent GPU machines and this CPU machine are all called "vm": the card is what tells the runs apart
+    rows = {r["run"]: r for r in runindex.index_rows(Path(__file__).parents[2] / "docs/reports")}
+    gpu_run = rows["20261207T003218Z-h200-sglang-cuda-graphs-7004b51"]
+    assert gpu_run["ran on"] == "1 x NVIDIA H100 80GB HBM3" and gpu_run["host"] == "vm"
+    assert all(r["ran on"].endswith(("NVIDIA H100 80GB HBM3", "NVIDIA H200")) for r in rows.values())

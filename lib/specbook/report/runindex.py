@@ -1,7 +1,7 @@
 """`specbook index`: one HTML page listing every run under a folder (outputs/, docs/reports/).
 
-Each row: experiment, start time, params name, git sha and dirty flag, host, status, the report's answer in
-one short clause (its summary.json) and a link to the report. The runner rewrites
+Each row: experiment, start time, params name, git sha and dirty flag, host, its GPUs (or CPU), status, the
+report's answer in one short clause (its summary.json) and a link to the report. The runner rewrites
 outputs/index.html after every run. Manifests are read as plain JSON, so runs recorded by older or newer
 versions still list; an unreadable one lists as such.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbook.core.diskwrite import write_text_atomic
-from specbook.report.view import short_clause, table_html
+from specbook.report.view import machine_text, short_clause, table_html
 
 INDEX_HTML = "index.html"
 SUMMARY_JSON = "summary.json"
@@ -75,6 +75,7 @@ def index_row(run_dir: Path, root: Path) -> dict[str, Any]:
         "params": doc.get("params_name") or "",
         "git": f"{git.get('short_sha', '?')}{' (dirty)' if dirty is True else ''}",
         "host": runner.get("hostname") or hardware.get("hostname") or "",
+        "ran on": machine_text(hardware, details=False) if hardware else "",
         "status": _status(doc, run_dir),
         "headline": headline_text(run_dir),
         "report": link,
@@ -92,8 +93,8 @@ def index_html(rows: list[dict[str, Any]], title: str) -> str:
     """The page: a table of runs, each linking its report (a relative link: the folder can move)."""
     import pandas as pd
 
-    frame = pd.DataFrame(rows, columns=["experiment", "started (UTC)", "run", "params", "git", "host", "status",
-                                        "headline", "report"])
+    frame = pd.DataFrame(rows, columns=["experiment", "started (UTC)", "run", "params", "git", "host", "ran on",
+                                        "status", "headline", "report"])
     frame["report"] = [f"<a href=\"{html.escape(link, quote=True)}\">report</a>" if link else ""
                        for link in frame["report"].fillna("")]
     table = table_html(frame.fillna(""), max_columns=10**6, raw_html=("report",))

@@ -130,31 +130,35 @@ def _manifest(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def ran_on_line(run_dir: str | os.PathLike[str] | None) -> str:
-    """Where the run ran, from its manifest: each GPU model with its count, driver and CUDA (or the CPU where it had
-    none), and the commit with its tree's state. The question above it is the params' text, which may name another
-    card (a params file written for an H200 run on a lent H100): this line is what the run recorded. '' without a
-    manifest."""
+def machine_text(hardware: Mapping[str, Any], details: bool = True) -> str:
+    """A manifest's hardware in a few words: each GPU model with its count (and, with details, driver and CUDA), or
+    the CPU where it had none: '1 x NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0)', 'no GPU: AMD EPYC, 2
+    threads'."""
     from collections import Counter
 
+    gpus = [g for g in ((hardware.get("gpu") or {}).get("nvidia") or []) if isinstance(g, dict)]
+    if not gpus:
+        cpu = hardware.get("cpu") or {}
+        text = "no GPU: " + (str(cpu["model_name"]) if cpu.get("model_name") else "a CPU")
+        return text + (f", {cpu['threads']} threads" if details and cpu.get("threads") else "")
+    names = Counter(str(g.get("name") or "an unnamed GPU") for g in gpus)
+    text = ", ".join(f"{n} x {name}" for name, n in sorted(names.items()))
+    if not details:
+        return text
+    drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
+    cuda = (hardware.get("cuda") or {}).get("driver")
+    extra = ([f"driver {', '.join(drivers)}"] if drivers else []) + ([f"CUDA {cuda}"] if cuda else [])
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def ran_on_line(run_dir: str | os.PathLike[str] | None) -> str:
+    """Where the run ran, from its manifest: its machine (machine_text) and the commit with its tree's state. The
+    question above it is the params' text, which may name another card (a params file written for an H200 run on
+    a lent H100): this line is what the run recorded. '' without a manifest."""
     doc = _manifest(run_dir)
     if not doc:
         return ""
-    hardware = doc.get("hardware") or {}
-    gpus = [g for g in ((hardware.get("gpu") or {}).get("nvidia") or []) if isinstance(g, dict)]
-    if gpus:
-        names = Counter(str(g.get("name") or "an unnamed GPU") for g in gpus)
-        where = ", ".join(f"{n} x {name}" for name, n in sorted(names.items()))
-        drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
-        cuda = (hardware.get("cuda") or {}).get("driver")
-        details = ([f"driver {', '.join(drivers)}"] if drivers else []) + ([f"CUDA {cuda}"] if cuda else [])
-        if details:
-            where += f" ({', '.join(details)})"
-    else:
-        cpu = hardware.get("cpu") or {}
-        where = "no GPU: " + (str(cpu.get("model_name")) if cpu.get("model_name") else "a CPU")
-        if cpu.get("threads"):
-            where += f", {cpu['threads']} threads"
+    where = machine_text(doc.get("hardware") or {})
     git = doc.get("git") or {}
     sha = git.get("short_sha") or (str(git["sha"])[:7] if git.get("sha") else "")
     if sha:
