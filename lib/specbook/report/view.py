@@ -131,23 +131,21 @@ def _manifest(run_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
 
 
 def machine_text(hardware: Mapping[str, Any], details: bool = True) -> str:
-    """A manifest's hardware in a few words: each GPU model with its count (and, with details, driver and CUDA), or
-    the CPU where it had none: '1 x NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0)', 'no GPU: AMD EPYC, 2
-    threads'."""
-    from collections import Counter
+    """A manifest's hardware in a few words, from its flat row (tables.host_summary): the GPUs with their count (and,
+    with details, driver and CUDA), or the CPU where it had none: '1 x NVIDIA H100 80GB HBM3 (driver 580.159.04,
+    CUDA 13.0)', 'no GPU: AMD EPYC, 2 threads'."""
+    from specbook.report.tables import host_summary
 
-    gpus = [g for g in ((hardware.get("gpu") or {}).get("nvidia") or []) if isinstance(g, dict)]
-    if not gpus:
-        cpu = hardware.get("cpu") or {}
-        text = "no GPU: " + (str(cpu["model_name"]) if cpu.get("model_name") else "a CPU")
-        return text + (f", {cpu['threads']} threads" if details and cpu.get("threads") else "")
-    names = Counter(str(g.get("name") or "an unnamed GPU") for g in gpus)
-    text = ", ".join(f"{n} x {name}" for name, n in sorted(names.items()))
+    row = host_summary(dict(hardware))
+    if not row["gpus"]:
+        text = "no GPU: " + (str(row["cpu"]) if row.get("cpu") else "a CPU")
+        return text + (f", {row['cpu_threads']} threads" if details and row.get("cpu_threads") else "")
+    names = str(row["gpu"])
+    text = f"{row['gpus']} x {names}" if ", " not in names else f"{row['gpus']} GPUs: {names}"
     if not details:
         return text
-    drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
-    cuda = (hardware.get("cuda") or {}).get("driver")
-    extra = ([f"driver {', '.join(drivers)}"] if drivers else []) + ([f"CUDA {cuda}"] if cuda else [])
+    extra = ([f"driver {row['gpu_driver']}"] if row.get("gpu_driver") not in (None, "?") else []) + (
+        [f"CUDA {row['cuda_driver']}"] if row.get("cuda_driver") else [])
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
