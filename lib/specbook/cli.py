@@ -80,8 +80,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None and (args.params_file is not None or args.outputs is not None):
         raise SpecbookError("run --resume: the params and the folder are the run's own; give a value redacted in "
                             "its params.yaml with -p FIELD=VALUE (no -f, no --outputs)")
-    if args.resume is None and (args.allow_params_change or args.allow_git_change):
-        raise SpecbookError("run: --allow-params-change and --allow-git-change go with --resume")
+    if args.resume is None and (args.allow_params_change or args.allow_git_change or args.allow_hardware_change):
+        raise SpecbookError("run: --allow-params-change, --allow-git-change and --allow-hardware-change go with "
+                            "--resume")
     if args.no_wait and args.no_lock:
         raise SpecbookError("run: --no-wait waits for no lock that --no-lock does not take; give one of them")
     host_lock = "off" if args.no_lock else "no-wait" if args.no_wait else "wait"
@@ -102,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 experiment=args.experiment,
                 allow_params_change=args.allow_params_change,
                 allow_git_change=args.allow_git_change,
+                allow_hardware_change=args.allow_hardware_change,
                 notebook=args.notebook,
                 kernel=args.kernel,
                 progress=not args.no_progress,
@@ -286,6 +288,9 @@ def _add_run(sub: Subparsers) -> None:
                    help="with --resume: resume although the params differ (recorded in the manifest)")
     p.add_argument("--allow-git-change", action="store_true",
                    help="with --resume: resume with a different git commit (recorded in the manifest)")
+    p.add_argument("--allow-hardware-change", action="store_true",
+                   help="with --resume: resume on another kind of machine (GPU model or count, or CPU) than the "
+                        "run's first part (recorded in the manifest; the report says so)")
     p.add_argument("--executor", choices=["local", "ray"], default=None,
                    help="where the units run, over the params' executor.kind: local (one after another) or ray "
                         "(Ray tasks over the cluster's GPUs)")

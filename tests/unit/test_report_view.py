@@ -251,3 +251,16 @@ def test_the_summary_says_where_the_run_ran_from_its_manifest_not_from_the_param
         "hardware": {"cpu": {"model_name": "AMD EPYC", "threads": 2}, "gpu": {}}, "git": {"sha": "abc", "dirty": True}}))
     assert rv.ran_on_line(tmp_path) == "no GPU: AMD EPYC, 2 threads; commit abc (uncommitted changes)"
     assert rv.ran_on_line(tmp_path / "nowhere") == "" and "Ran on." not in rv.summary_html(_summary())
+
+
+def test_the_ran_on_line_names_every_kind_of_machine_a_resumed_run_ran_on(tmp_path):
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "driver_version": "580.159.04"}
+    doc = {"hardware": {"gpu": {"nvidia": [gpu]}}, "git": {"sha": "0123456789", "dirty": False},
+           "parts": [{"machine": "1 x NVIDIA H100 80GB HBM3"}, {"machine": "1 x NVIDIA H100 80GB HBM3"}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    assert rv.ran_on_line(tmp_path) == "1 x NVIDIA H100 80GB HBM3 (driver 580.159.04); commit 0123456 (clean tree)"
+    doc["parts"].append({"machine": "1 x NVIDIA H200"})  # resumed with --allow-hardware-change
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    assert rv.ran_on_line(tmp_path) == (
+        "1 x NVIDIA H100 80GB HBM3 (driver 580.159.04); its parts ran on 2 kinds of machine "
+        "(1 x NVIDIA H100 80GB HBM3 / 1 x NVIDIA H200); commit 0123456 (clean tree)")

@@ -24,9 +24,10 @@ import pytest
 
 from specbook.core.errors import NotebookExecutionError, ParamsError, RunError
 from specbook.experiments.registry import ExperimentSpec, register_experiment
+from specbook.report.view import ran_on_line
 from specbook.run import resume, runner
 from specbook.run.runner import resume_experiment, run_experiment
-from specbook.store.fingerprint import GitInfo
+from specbook.store.fingerprint import GitInfo, machine_kind
 from specbook.store.manifest import Manifest, RunPart, read_manifest, run_status, write_manifest
 from specbook.store.runstore import RunContext
 from specbook.store.units import Units, register_units
@@ -82,6 +83,41 @@ def test_check_resumable_refuses_and_records_what_was_overridden():
     assert forced == ["params changed: hash aaaaaaaaaaaa -> cccccccccccc", "git changed: bbbbbbbbbbbb -> dddddddddddd"]
 
 
+H100 = {"gpu": {"nvidia": [{"name": "NVIDIA H100 80GB HBM3", "driver_version": "580.159.04"}]}}
+H200 = {"gpu": {"nvidia": [{"name": "NVIDIA H200", "driver_version": "580.159.04"}]}}
+
+
+def test_machine_kind_is_the_gpus_or_the_cpu_and_ignores_drivers():
+    assert machine_kind(H100) == "1 x NVIDIA H100 80GB HBM3"
+    newer_driver = {"gpu": {"nvidia": [{"name": "NVIDIA H100 80GB HBM3", "driver_version": "590.1"}]}}
+    assert machine_kind(newer_driver) == machine_kind(H100)
+    two = {"gpu": {"nvidia": H200["gpu"]["nvidia"] * 2}}
+    assert machine_kind(two) == "2 x NVIDIA H200"
+    mixed = {"gpu": {"nvidia": H100["gpu"]["nvidia"] + H200["gpu"]["nvidia"]}}
+    assert machine_kind(mixed) == "2 GPUs: NVIDIA H100 80GB HBM3, NVIDIA H200"
+    cpu = {"cpu": {"model_name": "AMD EPYC 7B13", "threads": 16, "affinity": 2}, "gpu": {}}
+    assert machine_kind(cpu) == "CPU AMD EPYC 7B13, 2 threads usable"  # what the process may use, not the host's
+    assert machine_kind({}) is None and machine_kind({"cpu": {}, "gpu": {}}) is None
+
+
+def test_check_resumable_refuses_another_kind_of_machine_unless_allowed():
+    m = _manifest(hardware=H100)
+    ok = dict(experiment=None, params_hash="a" * 64, git_sha="b" * 40)
+    assert resume.check_resumable(m, "interrupted", **ok, machine="1 x NVIDIA H100 80GB HBM3") == []
+    with pytest.raises(RunError) as exc:
+        resume.check_resumable(m, "interrupted", **ok, machine="1 x NVIDIA H200")
+    assert "ran on 1 x NVIDIA H100 80GB HBM3, this machine is 1 x NVIDIA H200" in str(exc.value)
+    assert "--allow-hardware-change" in str(exc.value)
+    forced = resume.check_resumable(m, "interrupted", **ok, machine="1 x NVIDIA H200", allow_hardware_change=True)
+    assert forced == ["machine changed: 1 x NVIDIA H100 80GB HBM3 -> 1 x NVIDIA H200"]
+    # the first part's record wins over the top-level fingerprint; where neither tells, nothing is compared
+    first = RunPart(started_at="t0", machine="1 x NVIDIA H200")
+    with pytest.raises(RunError, match="ran on 1 x NVIDIA H200, this machine is 1 x NVIDIA H100"):
+        resume.check_resumable(_manifest(hardware=H100, parts=[first]), "failed", **ok,
+                               machine="1 x NVIDIA H100 80GB HBM3")
+    assert resume.check_resumable(_manifest(), "failed", **ok, machine="1 x NVIDIA H200") == []
+
+
 def test_resumed_note_only_for_a_run_in_parts():
     part = RunPart(started_at="t0", host="h", pid=1, git_sha="b" * 40, status="abandoned")
     assert resume.resumed_note(_manifest(parts=[part])) is None
@@ -92,6 +128,11 @@ def test_resumed_note_only_for_a_run_in_parts():
     assert "part 1: started t0 on h (pid 1, git bbbbbbbbbbbb), abandoned" in note
     assert "part 2: started t1 on h (pid 2, git bbbbbbbbbbbb), ok; kept 2 finished units; what unfinished units " \
            "left was set aside in unfinished/1" in note
+    moved = RunPart(started_at="t2", host="vm", pid=3, machine="1 x NVIDIA H200", git_sha="b" * 40, status="ok",
+                    forced=["machine changed: 1 x NVIDIA H100 80GB HBM3 -> 1 x NVIDIA H200"])
+    note = resume.resumed_note(_manifest(parts=[part, moved]))
+    assert "part 2: started t2 on vm (pid 3, 1 x NVIDIA H200, git bbbbbbbbbbbb), ok; resumed although machine " \
+           "changed: 1 x NVIDIA H100 80GB HBM3 -> 1 x NVIDIA H200" in note
 
 
 def test_a_resumed_part_ends_the_one_before_as_the_run_stood():
@@ -101,12 +142,13 @@ def test_a_resumed_part_ends_the_one_before_as_the_run_stood():
     assert [(p.started_at, p.status) for p in m.parts] == [("t0", "abandoned"), ("t1", "running")]
     # a run recorded before parts existed: its first start becomes part 1, from the top-level fields
     old = _manifest(status="failed", error="cell 3 raised", ended_at="t0b", duration_s=4.0,
-                    runner={"hostname": "h", "pid": 7})
+                    runner={"hostname": "h", "pid": 7}, hardware=H100)
     resume.add_part(old, "failed", RunPart(started_at="t1", pid=2, resumed_from="failed"))
     part1 = old.parts[0]
     assert (part1.started_at, part1.ended_at, part1.duration_s, part1.host, part1.pid) == (old.started_at, "t0b",
                                                                                           4.0, "h", 7)
     assert part1.status == "failed" and part1.error == "cell 3 raised" and part1.git_sha == "b" * 40
+    assert part1.machine == "1 x NVIDIA H100 80GB HBM3"
     assert old.parts[1].started_at == "t1" and len(old.parts) == 2
 
 
@@ -199,6 +241,24 @@ def test_resume_of_an_abandoned_run_with_other_code_needs_the_flag_and_records_i
     parts = result.manifest.parts
     assert [p.status for p in parts] == ["abandoned", "ok"] and parts[1].resumed_from == "abandoned"
     assert parts[1].forced == [f"git changed: {m.git.sha[:12]} -> ffffffffffff"] and parts[1].git_sha == "f" * 40
+
+
+def test_resume_on_another_kind_of_machine_needs_the_flag_and_the_report_says_so(failed_run, monkeypatch):
+    first = read_manifest(failed_run)
+    assert first.parts[0].machine == machine_kind(first.hardware) and first.parts[0].machine
+    elsewhere = {**first.hardware, "gpu": H200["gpu"]}  # the same hostname, another card: as a lent GPU host is
+    monkeypatch.setattr(runner, "hardware_fingerprint", lambda: elsewhere)
+    token = ["env.API_TOKEN=s3cret-resume-value"]
+    with pytest.raises(RunError, match="--allow-hardware-change"):
+        resume_experiment(failed_run, token, progress=False)
+    assert read_manifest(failed_run).parts == first.parts  # a refused resume leaves the run as it was
+    result = resume_experiment(failed_run, token, allow_hardware_change=True, progress=False)
+    parts = result.manifest.parts
+    assert [p.status for p in parts] == ["failed", "ok"] and parts[1].machine == "1 x NVIDIA H200"
+    assert parts[1].forced == [f"machine changed: {parts[0].machine} -> 1 x NVIDIA H200"]
+    assert result.manifest.hardware == first.hardware  # the top-level fingerprint stays the first part's
+    assert "resumed although machine changed" in (failed_run / "report.html").read_text()
+    assert "its parts ran on 2 kinds of machine" in ran_on_line(failed_run)
 
 
 def test_an_experiment_without_units_cannot_be_resumed(tmp_path):

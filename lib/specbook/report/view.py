@@ -135,13 +135,13 @@ def machine_text(hardware: Mapping[str, Any], details: bool = True) -> str:
     with details, driver and CUDA), or the CPU where it had none: '1 x NVIDIA H100 80GB HBM3 (driver 580.159.04,
     CUDA 13.0)', 'no GPU: AMD EPYC, 2 threads'."""
     from specbook.report.tables import host_summary
+    from specbook.store.fingerprint import machine_kind
 
     row = host_summary(dict(hardware))
     if not row["gpus"]:
         text = "no GPU: " + (str(row["cpu"]) if row.get("cpu") else "a CPU")
         return text + (f", {row['cpu_threads']} threads" if details and row.get("cpu_threads") else "")
-    names = str(row["gpu"])
-    text = f"{row['gpus']} x {names}" if ", " not in names else f"{row['gpus']} GPUs: {names}"
+    text = str(machine_kind(hardware))  # the GPUs with their count: what a resume compares (store.fingerprint)
     if not details:
         return text
     extra = ([f"driver {row['gpu_driver']}"] if row.get("gpu_driver") not in (None, "?") else []) + (
@@ -157,6 +157,10 @@ def ran_on_line(run_dir: str | os.PathLike[str] | None) -> str:
     if not doc:
         return ""
     where = machine_text(doc.get("hardware") or {})
+    machines = list(dict.fromkeys(p.get("machine") for p in doc.get("parts") or []
+                                  if isinstance(p, dict) and p.get("machine")))
+    if len(machines) > 1:  # a resume with --allow-hardware-change: the line must not name only the first machine
+        where += f"; its parts ran on {len(machines)} kinds of machine ({' / '.join(machines)})"
     git = doc.get("git") or {}
     sha = git.get("short_sha") or (str(git["sha"])[:7] if git.get("sha") else "")
     if sha:

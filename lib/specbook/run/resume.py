@@ -14,6 +14,7 @@ from typing import Any
 
 from specbook.core.errors import ParamsError, RunError
 from specbook.core.secrets import REDACTED
+from specbook.store.fingerprint import machine_kind
 from specbook.store.manifest import Manifest, RunPart, read_manifest
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "add_part",
     "check_redacted",
     "check_resumable",
+    "first_machine",
     "redacted_fields",
     "resumed_note",
     "resumed_note_of",
@@ -63,10 +65,21 @@ def check_redacted(params: dict[str, Any], run_dir: Path) -> None:
             f"{run_dir} {hint}")
 
 
+def first_machine(manifest: Manifest) -> str | None:
+    """The machine kind the run's first part ran on: as its part recorded it, else from the manifest's hardware
+    (the first part's fingerprint); None where neither tells."""
+    if manifest.parts and manifest.parts[0].machine:
+        return manifest.parts[0].machine
+    return machine_kind(manifest.hardware)
+
+
 def check_resumable(manifest: Manifest, status: str, *, experiment: str | None, params_hash: str, git_sha: str,
-                    allow_params_change: bool = False, allow_git_change: bool = False) -> list[str]:
+                    allow_params_change: bool = False, allow_git_change: bool = False, machine: str | None = None,
+                    allow_hardware_change: bool = False) -> list[str]:
     """Refuse what must not be resumed (RunError/ParamsError naming why); returns the checks the caller
-    overrode on purpose (recorded in the manifest's part)."""
+    overrode on purpose (recorded in the manifest's part). `machine`: the kind of machine the resume would run on
+    (store.fingerprint.machine_kind): units timed on another GPU model, GPU count or CPU do not compare with the
+    kept ones (a lent GPU host may be an H100 one time and an H200 the next, under one hostname)."""
     where = manifest.run_id
     if status == "ok":
         raise RunError(f"{where}: finished ok; nothing to resume (render it again with `specbook render`)")
@@ -92,6 +105,14 @@ def check_resumable(manifest: Manifest, status: str, *, experiment: str | None, 
                 f"{where}: the run was started at git {manifest.git.sha[:12]}, this checkout is {git_sha[:12]}; "
                 "pass --allow-git-change to resume with this code anyway (recorded in the manifest)")
         forced.append(f"git changed: {manifest.git.sha[:12]} -> {git_sha[:12]}")
+    before = first_machine(manifest)
+    if before and machine and machine != before:
+        if not allow_hardware_change:
+            raise RunError(
+                f"{where}: its kept units ran on {before}, this machine is {machine}: their timings would not "
+                "compare; resume it on the same kind of machine, or pass --allow-hardware-change to resume here "
+                "anyway (recorded in the manifest, and the report says so)")
+        forced.append(f"machine changed: {before} -> {machine}")
     return forced
 
 
@@ -106,8 +127,8 @@ def add_part(manifest: Manifest, status: str, part: RunPart) -> None:
         first = manifest.model_dump()
         manifest.parts.append(RunPart(started_at=first["started_at"], ended_at=first["ended_at"],
                                       duration_s=first["duration_s"], host=manifest.runner.get("hostname"),
-                                      pid=manifest.runner.get("pid"), git_sha=manifest.git.sha, status=status,
-                                      error=manifest.error))
+                                      machine=machine_kind(manifest.hardware), pid=manifest.runner.get("pid"),
+                                      git_sha=manifest.git.sha, status=status, error=manifest.error))
     else:
         manifest.parts[-1].status = status
     manifest.parts.append(part)
@@ -125,10 +146,12 @@ def resumed_note(manifest: Manifest) -> str | None:
     lines = [f"This run was resumed {len(parts) - 1} time{'s' if len(parts) > 2 else ''}: its units were "
              f"collected in {len(parts)} parts."]
     for i, part in enumerate(parts, 1):
-        kept = f"; kept {part.kept_units} finished unit{'s' if part.kept_units != 1 else ''}" if i > 1 else ""
+        kept = (f"; kept {part.kept_units} finished unit{'s' if part.kept_units != 1 else ''}"
+                if i > 1 and part.kept_units is not None else "")
         aside = f"; what unfinished units left was set aside in {part.set_aside}" if part.set_aside else ""
         forced = f"; resumed although {', '.join(part.forced)}" if part.forced else ""
-        lines.append(f"- part {i}: started {part.started_at} on {part.host} (pid {part.pid}, git "
+        machine = f", {part.machine}" if part.machine else ""
+        lines.append(f"- part {i}: started {part.started_at} on {part.host} (pid {part.pid}{machine}, git "
                      f"{(part.git_sha or '?')[:12]}), {part.status}{kept}{aside}{forced}")
     return "\n".join(lines)
 

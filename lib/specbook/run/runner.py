@@ -61,7 +61,14 @@ from specbook.run.scrub import (
     write_manifest_shown,
 )
 from specbook.run.signals import quiet_interrupted_cell_task
-from specbook.store.fingerprint import GitInfo, git_info, hardware_fingerprint, library_versions, python_info
+from specbook.store.fingerprint import (
+    GitInfo,
+    git_info,
+    hardware_fingerprint,
+    library_versions,
+    machine_kind,
+    python_info,
+)
 from specbook.store.manifest import Manifest, RunPart, iso_utc, read_manifest, run_status, utc_now
 from specbook.store.runstore import SERVERS_NAME, RunContext
 from specbook.store.units import done_units, set_aside_unfinished, units_of
@@ -152,6 +159,7 @@ def run_experiment(
     shown = shown_of(params, list(overrides), list(sys.argv))
     dump_params_shown(params, run_dir / PARAMS_YAML, shown.scrub)
     RunContext(run_dir)  # data/ and logs/ exist before the first cell runs
+    hardware = hardware_fingerprint()
     manifest = Manifest(
         run_id=run_dir.name,
         experiment=name,
@@ -170,8 +178,8 @@ def run_experiment(
         specbook_version=__version__,
         python=python_info(),
         libraries=library_versions(),
-        hardware=hardware_fingerprint(),
-        parts=[_part(started, git)],
+        hardware=hardware,
+        parts=[_part(started, git, hardware)],
     )
     run = _Collection(manifest, run_dir, nb_path, kernel, params, shown, progress, host_lock, t0)
     _start(run)
@@ -188,6 +196,7 @@ def resume_experiment(
     kernel: str | None = None,
     progress: bool = True,
     host_lock: str = "wait",
+    allow_hardware_change: bool = False,
 ) -> RunResult:
     """Continue an abandoned, failed or interrupted run in its own folder (`specbook run --resume`).
 
@@ -210,9 +219,11 @@ def resume_experiment(
     _check_inputs(params)
     shown = shown_of(params, list(overrides), list(sys.argv))
     git = git_info(project_root())
+    hardware = hardware_fingerprint()
     forced = resume.check_resumable(manifest, status, experiment=experiment, params_hash=shown.params_hash,
                                     git_sha=git.sha, allow_params_change=allow_params_change,
-                                    allow_git_change=allow_git_change)
+                                    allow_git_change=allow_git_change, machine=machine_kind(hardware),
+                                    allow_hardware_change=allow_hardware_change)
     if units is None:
         raise RunError(f"{run_dir}: experiment {manifest.experiment!r} does not declare its units of work "
                        "(specbook.store.units.register_units); it cannot be resumed")
@@ -232,9 +243,9 @@ def resume_experiment(
                           for name in set_aside.get("servers", []) if name.startswith("(unreadable line")]
     started = utc_now()
     t0 = time.monotonic()
-    resume.add_part(manifest, status, _part(started, git, resumed_from=status, kept_units=len(done_units(ctx, units)),
-                                            set_aside=set_aside.get("folder"), overrides=shown.overrides,
-                                            forced=forced))
+    resume.add_part(manifest, status, _part(started, git, hardware, resumed_from=status,
+                                            kept_units=len(done_units(ctx, units)), set_aside=set_aside.get("folder"),
+                                            overrides=shown.overrides, forced=forced))
     manifest.status, manifest.error, manifest.failed_cell, manifest.ended_at = "running", None, None, None
     manifest.runner = _this_runner()
     run = _Collection(manifest, run_dir, nb_path, kernel, params, shown, progress, host_lock, t0)
@@ -287,10 +298,11 @@ def _this_runner() -> dict[str, str | int]:
     return {"hostname": socket.gethostname(), "pid": os.getpid()}
 
 
-def _part(started: datetime, git: GitInfo, **resumed: object) -> RunPart:
-    """The part this runner collects; `resumed`: what a resume records of how it started (RunPart's fields)."""
-    return RunPart(started_at=iso_utc(started), host=socket.gethostname(), pid=os.getpid(), git_sha=git.sha,
-                   **resumed)
+def _part(started: datetime, git: GitInfo, hardware: dict[str, object], **resumed: object) -> RunPart:
+    """The part this runner collects on this machine (`hardware`: its fingerprint); `resumed`: what a resume records
+    of how it started (RunPart's fields)."""
+    return RunPart(started_at=iso_utc(started), host=socket.gethostname(), machine=machine_kind(hardware),
+                   pid=os.getpid(), git_sha=git.sha, **resumed)
 
 
 def _start(run: _Collection) -> None:

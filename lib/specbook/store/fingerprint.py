@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,22 @@ def _memory_total_bytes() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def machine_kind(hardware: Mapping[str, Any]) -> str | None:
+    """What a run's timings depend on in its machine, in words: each GPU's model with their count ('1 x NVIDIA
+    H100 80GB HBM3'), or without a GPU the CPU's model and the threads the process could use ('CPU AMD EPYC 7B13,
+    2 threads usable'). Parts of one run compare only on one kind (specbook.run.resume); drivers and CUDA may
+    differ between them. None for a fingerprint that names neither (an empty one)."""
+    gpus = (hardware.get("gpu") or {}).get("nvidia") or []
+    if gpus:
+        names = sorted({str(g.get("name", "?")) for g in gpus})
+        return f"{len(gpus)} x {names[0]}" if len(names) == 1 else f"{len(gpus)} GPUs: {', '.join(names)}"
+    cpu = hardware.get("cpu") or {}
+    threads = cpu.get("affinity") or cpu.get("threads")
+    if not cpu.get("model_name") and not threads:
+        return None
+    return f"CPU {cpu.get('model_name') or '(model unknown)'}" + (f", {threads} threads usable" if threads else "")
 
 
 def hardware_fingerprint() -> dict[str, Any]:

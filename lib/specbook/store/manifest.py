@@ -106,6 +106,7 @@ class RunPart(BaseModel):
     ended_at: str | None = None
     duration_s: float | None = None
     host: str | None = None
+    machine: str | None = Field(None, description="the machine kind it ran on (store.fingerprint.machine_kind)")
     pid: int | None = None
     git_sha: str | None = None
     status: RunStatus = "running"
