@@ -12,7 +12,11 @@
 #   book.sh install        install only
 # Env, given to `start`:
 #   BOOK_RUNS        the experiments, in order, separated by spaces: EXPERIMENT:PARAMS_FILE[:KEY=VALUE...]
-#                    (each KEY=VALUE a `specbook run -p` override); default: the DEFAULT_RUNS below
+#                    (each KEY=VALUE a `specbook run -p` override); default: the DEFAULT_RUNS below. An entry
+#                    `resume:FILE` continues a run folder an earlier lease handed back unfinished (pack.sh
+#                    RESUME=...): `specbook run --resume`, its finished units kept; handed back as its TAG.tar.gz
+#   BOOK_RESUME_ARGS flags for those resumes (e.g. --allow-git-change when the export is of another commit);
+#                    a resume on another kind of GPU is refused (specbook.run.resume): lease the same kind
 #   BOOK_START_BY_S  an experiment not started within this many seconds of the runs' start is skipped
 #                    (default: none); it bounds when the last one starts, not when it ends
 #   SPECBOOK_GIT_SHA optional: the commit the caller means; refused unless it is the one pack.sh exported
@@ -109,10 +113,16 @@ book_env() {  # the runs' environment, in $REPO
   cd "$REPO" || exit 1
 }
 
-# One entry of BOOK_RUNS -> ENTRY_EXP, ENTRY_PARAMS, ENTRY_ARGS (-p KEY=VALUE ...), ENTRY_TAG (EXP-PARAMSTEM)
+# One entry of BOOK_RUNS -> ENTRY_EXP, ENTRY_PARAMS, ENTRY_ARGS (-p KEY=VALUE ...), ENTRY_TAG (EXP-PARAMSTEM);
+# for `resume:FILE` ENTRY_EXP=resume, ENTRY_PARAMS=/tmp/x/resume/FILE and ENTRY_TAG=FILE less .partial.tar.gz
 parse_entry() {
   local entry=$1 rest kvs kv
   if [[ "$entry" != *:* ]]; then echo "book.sh: BOOK_RUNS entry '$entry' is not EXPERIMENT:PARAMS_FILE[:KEY=VALUE...]" >&2; return 1; fi
+  if [[ "$entry" == resume:* ]]; then
+    ENTRY_EXP=resume; ENTRY_PARAMS=/tmp/x/resume/${entry#resume:}; ENTRY_ARGS=()
+    ENTRY_TAG=$(basename "$ENTRY_PARAMS" .tar.gz); ENTRY_TAG=${ENTRY_TAG%.partial}
+    return 0
+  fi
   ENTRY_EXP=${entry%%:*}; rest=${entry#*:}; ENTRY_PARAMS=${rest%%:*}; ENTRY_ARGS=()
   if [ "$rest" != "$ENTRY_PARAMS" ]; then
     IFS=: read -ra kvs <<< "${rest#*:}"
@@ -125,6 +135,9 @@ check_runs() {  # every entry's params load (with its overrides), before anythin
   local entry ok=0
   for entry in ${BOOK_RUNS:-$DEFAULT_RUNS}; do
     parse_entry "$entry" || { ok=1; continue; }
+    if [ "$ENTRY_EXP" = resume ]; then
+      unpack_resumed "$ENTRY_PARAMS" > /dev/null || ok=1; continue
+    fi
     if [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS" && [ ! -d "$LLAMA" ]; then
       echo "book.sh: $entry needs llama.cpp's sources or a carried build, which pack.sh left out (PACK_LLAMA=0)" >&2; ok=1
     fi
@@ -174,16 +187,42 @@ pack_dir() {  # RUN_DIR TARBALL [live]
   fi
 }
 
+unpack_resumed() {  # TARBALL: its run folder into $REPO/outputs/EXPERIMENT/ (once); prints that folder
+  local f=$1 top exp
+  [ -f "$f" ] || { echo "book.sh: $f: not carried (pack.sh RESUME=...)" >&2; return 1; }
+  top=$(tar -tzf "$f" | sed -n 1p); top=${top%%/*}
+  exp=$(tar -xzOf "$f" "$top/manifest.json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["experiment"])') \
+    || { echo "book.sh: $f: no readable $top/manifest.json" >&2; return 1; }
+  if [ ! -d "$REPO/outputs/$exp/$top" ]; then
+    mkdir -p "$REPO/outputs/$exp" && tar -xzf "$f" -C "$REPO/outputs/$exp" || return 1
+  fi
+  echo "$REPO/outputs/$exp/$top"
+}
+
+resumes_llama_cross_engine() {  # TARBALL: whether its run is a cross_engine one with a llama.cpp side (the CUDA build)
+  tar -xzOf "$1" --wildcards '*/manifest.json' 2>/dev/null | grep -q '"experiment": *"cross_engine"' \
+    && tar -xzOf "$1" --wildcards '*/params.yaml' 2>/dev/null | grep -Eq '^\s*engine:\s*llamacpp\b'
+}
+
 experiment() {  # EXPERIMENT PARAMS_FILE TAG [-p KEY=VALUE ...]: run it, pack its run folder as RESULTS/TAG.tar.gz
-  local exp=$1 params=$2 tag=$3 t0=$SECONDS rc dir
+  # (EXPERIMENT `resume`: PARAMS_FILE is the carried tarball, whose run folder is resumed)
+  local exp=$1 params=$2 tag=$3 t0=$SECONDS rc dir=""
   shift 3
-  say "$tag: start (specbook run $exp -f $params $*)"
   echo "$tag" > "$STATE/current.tag"
-  python3 -m specbook run "$exp" -f "$params" "$@" --no-progress &
+  if [ "$exp" = resume ]; then
+    dir=$(unpack_resumed "$params") || { say "$tag: not resumed (see above)"; echo "$tag unusable" >> "$STATE/skipped"; return; }
+    echo "$dir" > "$STATE/current.dir"
+    say "$tag: resume (specbook run --resume $dir ${BOOK_RESUME_ARGS:-})"
+    # shellcheck disable=SC2086  # BOOK_RESUME_ARGS: flags, split on purpose
+    python3 -m specbook run --resume "$dir" ${BOOK_RESUME_ARGS:-} --no-progress &
+  else
+    say "$tag: start (specbook run $exp -f $params $*)"
+    python3 -m specbook run "$exp" -f "$params" "$@" --no-progress &
+  fi
   echo $! > "$STATE/current.pid"
   wait $!; rc=$?
-  rm -f "$STATE/current.pid" "$STATE/current.tag"
-  dir=$(newest_run "$exp")
+  rm -f "$STATE/current.pid" "$STATE/current.tag" "$STATE/current.dir"
+  [ -n "$dir" ] || dir=$(newest_run "$exp")
   say "$tag: rc=$rc in $((SECONDS - t0)) s ($dir)"
   echo "$tag $((SECONDS - t0)) s rc=$rc $(basename "${dir:-none}")" >> "$STATE/timings"
   [ -n "$dir" ] && pack_dir "$dir" "$RESULTS/$tag.tar.gz"
@@ -230,7 +269,8 @@ run_all() {
       say "$ENTRY_TAG: not started ($((SECONDS - t0)) s > BOOK_START_BY_S=$BOOK_START_BY_S)"
       echo "$ENTRY_TAG late" >> "$STATE/skipped"; continue
     fi
-    if [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS"; then
+    if { [ "$ENTRY_EXP" = cross_engine ] && needs_llama "$ENTRY_PARAMS"; } || \
+       { [ "$ENTRY_EXP" = resume ] && resumes_llama_cross_engine "$ENTRY_PARAMS"; }; then
       if [ -n "$build_pid" ]; then
         say "llama.cpp: waiting for the CUDA build"
         wait "$build_pid"; build_pid=""
@@ -266,7 +306,7 @@ follow() {  # WAIT_S: until done or WAIT_S, then hand back what has finished and
     tag=$(cat "$STATE/current.tag" 2>/dev/null)
     # no snapshot beside the build (the run has only begun, and both may not fit one call's 64 MiB)
     if [ ! -e "$STATE/done" ] && [ -n "$tag" ] && [ "$bin_now" = 0 ]; then
-      dir=$(newest_run "${tag%%-*}")   # experiment names hold no '-'
+      dir=$(cat "$STATE/current.dir" 2>/dev/null || newest_run "${tag%%-*}")   # experiment names hold no '-'
       # what it measured so far, should the machine go cold (`specbook run --resume` continues such a folder)
       [ -n "$dir" ] && pack_dir "$dir" "$STATE/$tag.partial.tar.gz" live && hand_back "$STATE/$tag.partial.tar.gz"
       rm -f "$STATE/$tag.partial.tar.gz"

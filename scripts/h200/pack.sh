@@ -16,6 +16,8 @@
 # Env: PACK_OUT (default .gpu-carry): where the xN folders go; PACK_LLAMA=0: no llama.cpp sources;
 #      LLAMA_BIN=FILE: a llama-cuda-bin.tar.gz that book.sh handed back from an earlier lease (its build, run
 #      instead of building again: with PACK_LLAMA=0 beside it, the sources stay here).
+#      RESUME="FILE ...": run folders book.sh handed back unfinished (TAG.partial.tar.gz, or an interrupted
+#      TAG.tar.gz), for `BOOK_RUNS="resume:FILE_NAME"` to continue with `specbook run --resume` (book.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -62,6 +64,15 @@ if [ -n "${LLAMA_BIN:-}" ]; then
   cp "$LLAMA_BIN" "$work/x/llama-cuda-bin.tar.gz"
   echo "llama.cpp: the carried build $(sha256sum "$LLAMA_BIN" | cut -c1-12) ($(du -h "$LLAMA_BIN" | cut -f1))"
 fi
+
+for f in ${RESUME:-}; do
+  # one run folder per tarball, with its manifest: checked here, so that a lease never finds it unusable
+  top=$(tar -tzf "$f" | sed -n 1p); top=${top%%/*}
+  tar -xzOf "$f" "$top/manifest.json" > /dev/null 2>&1 \
+    || { echo "pack.sh: RESUME $f: not a tarball of one run folder with its manifest.json (as book.sh hands back)" >&2; exit 1; }
+  mkdir -p "$work/x/resume" && cp "$f" "$work/x/resume/"
+  echo "resume: $(basename "$f") ($top, $(du -h "$f" | cut -f1))"
+done
 
 data="$root/../shared/data"
 cp "$data/gsm8k/"{test,train}.jsonl "$data/gsm8k/LICENSE" "$work/x/gsm8k/"
