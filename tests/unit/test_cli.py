@@ -308,3 +308,11 @@ def test_the_outputs_help_says_where_runs_go_and_the_lock_flags_exist():
     assert "holder" in helps["no_wait"] and "manifest" in helps["no_lock"]
     proc = specbook("run", "fixture_good", "-f", "x.yaml", "--no-wait", "--no-lock")
     assert_clean_error(proc, EXIT_BAD_INPUT, "--no-wait", "--no-lock")
+
+
+def test_the_allow_flags_go_with_resume_only(tmp_path):
+    proc = specbook("run", "fixture_good", "-f", str(PARAMS / "small.yaml"), "--outputs", str(tmp_path),
+                    "--allow-hardware-change")
+    assert_clean_error(proc, EXIT_BAD_INPUT, "--allow-hardware-change go with --resume")
+    assert list(tmp_path.iterdir()) == []
+    assert build_parser().parse_args(["run", "--resume", "r", "--allow-hardware-change"]).allow_hardware_change
