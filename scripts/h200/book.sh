@@ -95,8 +95,9 @@ install_all() {
   set +e
 }
 
-needs_llama() {  # PARAMS_FILE (in $REPO): whether a side of it is llama.cpp
-  grep -Eq '^\s*engine:\s*llamacpp\b' "$REPO/$1"
+needs_llama() {  # PARAMS_FILE (in $REPO, or absolute): whether a side of it is llama.cpp
+  local f=$1; [[ "$f" == /* ]] || f=$REPO/$f
+  grep -Eq '^\s*engine:\s*llamacpp\b' "$f"
 }
 
 book_env() {  # the runs' environment, in $REPO
@@ -200,8 +201,8 @@ unpack_resumed() {  # TARBALL: its run folder into $REPO/outputs/EXPERIMENT/ (on
 }
 
 resumes_llama_cross_engine() {  # TARBALL: whether its run is a cross_engine one with a llama.cpp side (the CUDA build)
-  tar -xzOf "$1" --wildcards '*/manifest.json' 2>/dev/null | grep -q '"experiment": *"cross_engine"' \
-    && tar -xzOf "$1" --wildcards '*/params.yaml' 2>/dev/null | grep -Eq '^\s*engine:\s*llamacpp\b'
+  local dir; dir=$(unpack_resumed "$1" 2>/dev/null) || return 1
+  grep -q '"experiment": *"cross_engine"' "$dir/manifest.json" && needs_llama "$dir/params.yaml"
 }
 
 experiment() {  # EXPERIMENT PARAMS_FILE TAG [-p KEY=VALUE ...]: run it, pack its run folder as RESULTS/TAG.tar.gz
