@@ -33,6 +33,7 @@
 # On a GPU host of your own none of this is needed: `conda env create -f environment.yml`, then
 # `specbook models prepare` and `specbook run EXPERIMENT -f params/EXPERIMENT/h200*.yaml`.
 set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 VC=${VC:-/tmp/vc}
 STATE=/tmp/book
 RESULTS=$STATE/results
@@ -189,15 +190,14 @@ pack_dir() {  # RUN_DIR TARBALL [live]
 }
 
 unpack_resumed() {  # TARBALL: its run folder into $REPO/outputs/EXPERIMENT/ (once); prints that folder
-  local f=$1 top exp
+  # check_runs, resumes_llama_cross_engine and experiment all ask: the first unpacks, the others read its note
+  local f=$1 described top exp note="$STATE/resumed/$(basename "$1")"
+  [ -f "$note" ] && { cat "$note"; return 0; }
   [ -f "$f" ] || { echo "book.sh: $f: not carried (pack.sh RESUME=...)" >&2; return 1; }
-  top=$(tar -tzf "$f" | sed -n 1p); top=${top%%/*}
-  exp=$(tar -xzOf "$f" "$top/manifest.json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["experiment"])') \
-    || { echo "book.sh: $f: no readable $top/manifest.json" >&2; return 1; }
-  if [ ! -d "$REPO/outputs/$exp/$top" ]; then
-    mkdir -p "$REPO/outputs/$exp" && tar -xzf "$f" -C "$REPO/outputs/$exp" || return 1
-  fi
-  echo "$REPO/outputs/$exp/$top"
+  described=$(python3 "$HERE/run_tarball.py" "$f") || return 1
+  top=${described% *}; exp=${described#* }
+  mkdir -p "$REPO/outputs/$exp" "$STATE/resumed" && tar -xzf "$f" -C "$REPO/outputs/$exp" || return 1
+  echo "$REPO/outputs/$exp/$top" | tee "$note"
 }
 
 resumes_llama_cross_engine() {  # TARBALL: whether its run is a cross_engine one with a llama.cpp side (the CUDA build)

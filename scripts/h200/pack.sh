@@ -67,11 +67,10 @@ fi
 
 for f in ${RESUME:-}; do
   # one run folder per tarball, with its manifest: checked here, so that a lease never finds it unusable
-  top=$(tar -tzf "$f" | sed -n 1p); top=${top%%/*}
-  tar -xzOf "$f" "$top/manifest.json" > /dev/null 2>&1 \
+  described=$(python3 "$here/run_tarball.py" "$f") \
     || { echo "pack.sh: RESUME $f: not a tarball of one run folder with its manifest.json (as book.sh hands back)" >&2; exit 1; }
   mkdir -p "$work/x/resume" && cp "$f" "$work/x/resume/"
-  echo "resume: $(basename "$f") ($top, $(du -h "$f" | cut -f1))"
+  echo "resume: $(basename "$f") (${described% *}, ${described#* }, $(du -h "$f" | cut -f1))"
 done
 
 data="$root/../shared/data"
