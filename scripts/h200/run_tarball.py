@@ -25,12 +25,13 @@ def describe(path: Path) -> tuple[str, str]:
     try:
         with tarfile.open(path, "r|gz") as stream:
             for member in stream:
-                first = member.name.lstrip("./").split("/", 1)[0]
+                name = member.name.removeprefix("./")
+                first = name.split("/", 1)[0]
                 if top is None:
                     top = first
                 elif first != top:
                     raise RunTarballError(f"{path}: holds {top}/ and {first}/, not one run folder")
-                if member.isfile() and member.name.lstrip("./") == f"{top}/manifest.json":
+                if member.isfile() and name == f"{top}/manifest.json":
                     manifest = json.load(stream.extractfile(member))
                     experiment = manifest.get("experiment") if isinstance(manifest, dict) else None
                     if not isinstance(experiment, str) or not experiment:
