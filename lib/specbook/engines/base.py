@@ -73,6 +73,9 @@ class SetupFact(NamedTuple):
 # What a cross-engine report lines up side by side; a differing value is an asymmetry of the comparison.
 SETUP_ASPECTS = ("compute threads", "server processes", "concurrent sequences", "context per sequence", "weights",
                  "graphs / compilation", "speculation", "draft tokens per step")
+# How a drafter's source ends where it also drafts from other requests served before (a server-wide n-gram trie):
+# a repeated prompt then meets drafts learnt from its own earlier serves, which a cross-engine report must say.
+EARLIER_REQUESTS = "earlier requests included"
 # Where a server's start went, in order: Engine.startup_facts' `start_parts` gives seconds per part, each engine
 # those its log tells (imports up to the first line, spawning the engine's processes, devices and workers,
 # weights, compilation, graph capture, KV cache with memory profiling and warm-up, ready to serve); the servers

@@ -46,15 +46,16 @@ def server_json_field(base_url: str, path: str, field: str) -> str:
 
 
 def speculation_facts(spec: Mapping[str, Any] | None, *, ngram_lookup: str, draft_detail: str,
-                      k_detail: str) -> dict[str, SetupFact]:
+                      k_detail: str, ngram_source: str = "the request's own tokens") -> dict[str, SetupFact]:
     """The speculation aspects of a speculative_config, with the engine's own wording (`ngram_lookup` follows
-    "ngram ": how its n-grams are matched)."""
+    "ngram ": how its n-grams are matched; `ngram_source`: which tokens they are drafted from, ending in
+    base.EARLIER_REQUESTS where the drafter remembers other requests)."""
     if not spec:
         return {"speculation": SetupFact("off")}
     method = spec.get("method") or ("draft_model" if spec.get("model") else "?")
     k = str(spec.get("num_speculative_tokens", "?"))
     if method == "ngram":
-        what = SetupFact(f"ngram {ngram_lookup}", "draft from the request's own tokens")
+        what = SetupFact(f"ngram {ngram_lookup}", f"draft from {ngram_source}")
     elif method == "draft_model":
         what = SetupFact(f"draft model {Path(str(spec.get('model'))).name}", draft_detail)
     else:

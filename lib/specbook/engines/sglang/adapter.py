@@ -19,9 +19,9 @@ EngineConfig maps onto `python -m sglang.launch_server` as follows:
                         -> --speculative-algorithm NGRAM --speculative-num-draft-tokens k+1
                            --speculative-ngram-min-bfs-breadth 1 --speculative-ngram-max-bfs-breadth 1
                            (k proposals per step; SGLang counts the verified root token in num-draft-tokens and
-                           pads missing proposals, so every step verifies k). Its n-grams come from a trie of
-                           the request's suffixes: it has no lookup size, so prompt_lookup_max / _min are taken
-                           and not mapped, and the set-up table says so.
+                           pads missing proposals, so every step verifies k). Its n-grams come from one trie that
+                           every request's tokens feed (earlier requests' too): it has no lookup size, so
+                           prompt_lookup_max / _min are taken and not mapped, and the set-up table says both.
 Always: --enable-metrics (the counters specbook reads), --log-level info (the decode-batch lines).
 Refused at params time, naming the field: a speculative method or key it has no mapping for.
 
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from specbook.core.errors import EngineError
 from specbook.core.versions import dist_version, torch_cuda_version
-from specbook.engines.base import EngineConfig, SetupFact
+from specbook.engines.base import EARLIER_REQUESTS, EngineConfig, SetupFact
 from specbook.engines.common import LOOPBACK, loopback_spec, server_json_field, speculation_facts
 from specbook.engines.registry import register_engine
 from specbook.models.resolve import resolve_model
@@ -62,7 +62,11 @@ DISTS = {"sglang": ("sglang",), "sglang-kernel": ("sglang-kernel", "sgl-kernel")
          "flashinfer": ("flashinfer-python", "flashinfer_python"), "torch": ("torch",)}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "attention_backend")
-NGRAM_LOOKUP = "from a suffix trie, BFS breadth 1 (no match length: prompt_lookup_max/min not mapped)"
+NGRAM_LOOKUP = ("from a server-wide suffix trie, BFS breadth 1 (no match length: prompt_lookup_max/min not "
+                "mapped)")
+# SGLang's NGRAM worker feeds one trie (--speculative-ngram-capacity tokens) with every request's tokens and
+# matches every request against it: what one request generated is drafted for the next.
+NGRAM_SOURCE = f"a trie of every request's tokens since the server started, {EARLIER_REQUESTS}"
 
 
 SHUTDOWN_ENV = "SGLANG_FORCE_SHUTDOWN"
@@ -247,7 +251,7 @@ class SglangEngine:
         facts["weights"] = SetupFact({"bf16": "bfloat16"}.get(dtype, dtype), "--dtype" if cfg.dtype else "")
         facts["graphs / compilation"] = _graphs_fact(cfg, startup)
         facts.update(speculation_facts(
-            cfg.speculative_config, ngram_lookup=NGRAM_LOOKUP, draft_detail="STANDALONE, top-1 chain, greedy "
+            cfg.speculative_config, ngram_lookup=NGRAM_LOOKUP, ngram_source=NGRAM_SOURCE, draft_detail="STANDALONE, top-1 chain, greedy "
             "verification", k_detail="--speculative-num-steps (draft) / --speculative-num-draft-tokens - 1"))
         return facts
 

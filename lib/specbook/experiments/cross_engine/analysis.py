@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from specbook.core import request_failures
-from specbook.experiments.cross_engine import timing
+from specbook.experiments.cross_engine import draft_memory, timing
 from specbook.experiments.cross_engine import traces as cet
 from specbook.experiments.cross_engine.cells import (
     GUARD_COLUMNS,
@@ -96,6 +96,10 @@ class CrossResult:
     decode_headline: pd.DataFrame = field(default_factory=pd.DataFrame)
     headline_texts: pd.DataFrame = field(default_factory=pd.DataFrame)  # timed prompts, first words of both outputs
     speculation_effect: pd.DataFrame = field(default_factory=pd.DataFrame)  # per side x lane: rate vs its off lane
+    # per side x lane: chunks for the same output across a prompt's repeats (draft_memory: a drafter that learns
+    # from earlier requests streams it in fewer), and per lane the caveat its headline carries where one does
+    repeat_chunks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    caveats: dict[str, str] = field(default_factory=dict)
     # per lane: each side's decode tokens per step over its timed prompts, for the why-sentences
     tokens_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     timing_note: str = ""  # repeats a side, walls, thresholds: what the timed figures rest on, from the data
@@ -192,13 +196,16 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
                     f">= {th.min_timed_wall_s:g} s a side"))
         else:
             word = timing.verdict_word(h.decode_ratio_lo, h.decode_ratio_hi, "faster", "slower", "undecided")
+            caveat = result.caveats.get(h.lane, "")
+            why = timing.lane_why(h, result.tokens_per_step.get(h.lane, {}), labels, h.lane)
             heads.append(report_view.Headline(
-                f"lane {h.lane}: decode rate", f"{fmt(h.decode_ratio, 3)}x {word}", None,
+                f"lane {h.lane}: decode rate", f"{fmt(h.decode_ratio, 3)}x {word}{draft_memory.scope_word(caveat)}",
+                None,
                 f"{fmt(h.ours_decode_tok_s, 3)} vs {fmt(h.oracle_decode_tok_s, 3)} tok/s after the first token "
                 f"(end-to-end {fmt(h.e2e_ratio, 3)}x); {n} of {total} cells timed"
                 + (f" ({h.not_timed} left out)" if h.not_timed else ""),
                 _interval_text(h.decode_ratio_lo, h.decode_ratio_hi, level, n),
-                why=timing.lane_why(h, result.tokens_per_step.get(h.lane, {}), labels, h.lane)))
+                why="; ".join(t for t in (caveat, why) if t)))
         if int(h.ttft_cells):
             word = timing.verdict_word(h.ttft_ratio_lo, h.ttft_ratio_hi, "longer", "shorter", "undecided")
             ttfts.append(report_view.Headline(
@@ -209,10 +216,11 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
     eff = result.speculation_effect
     spec = []
     if len(eff):
+        scoped = [f"lane {lane}: prompts served before (its headline says why)" for lane in result.caveats]
         spec.append(report_view.Headline(
             "speculation against off, each engine", timing.speculation_verdict(eff), None,
             timing.speculation_figure(eff, labels), f"{level:.0%} CI per engine x lane below",
-            why=timing.speculation_why(eff, labels, result.model)))
+            why="; ".join([timing.speculation_why(eff, labels, result.model), *scoped])))
     cells = result.decode_cells
     pins_ok = bool(result.pins["ok"].all()) if len(result.pins) else True
     evidence = []
@@ -272,6 +280,7 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
     by_prompt = cet.anchors_by_prompt(matched, timed) if traced else pd.DataFrame()
     listing, anchor_note = cet.anchor_listing(matched, labels, _decoder(params) if len(matched) else None)
     splits = cost_split_table(data)
+    chunks = draft_memory.repeat_chunks(request_failures.answered(data.requests))
     return CrossResult(
         pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
         headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
@@ -299,6 +308,7 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
                                                      ci=params.ci_level),
         tokens_per_step=timing.tokens_per_step(request_failures.answered(data.requests), data.cells, decode), timing_note=timing.timing_note(decode, params.timing),
         repeats_note=repeats_line(data.requests),
+        repeat_chunks=chunks, caveats=draft_memory.caveats(setup, chunks, [lane.name for lane in params.lanes], labels),
         anchor_listing=listing, anchor_note=anchor_note, anchors_by_prompt=by_prompt,
         identical_share_notes=cet.identical_share_notes(summary, by_prompt, diffs) if traced else [],
         cost_split_notes=costsplit.split_notes(splits) if len(splits) else [],

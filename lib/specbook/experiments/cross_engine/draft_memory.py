@@ -1,0 +1,106 @@
+"""Does a drafter remember earlier requests? Each timed cell serves one prompt again and again on one server (a
+cold request, then the timed repeats), and greedy decoding emits the same tokens each time. A drafter that reads
+only the request's own tokens then proposes the same drafts on every repeat, so the same output streams in the
+same number of chunks. One that also learns from earlier requests (SGLang's NGRAM trie is server-wide) proposes
+what the prompt's earlier serves generated: the same output in fewer chunks on a later serve.
+
+`repeat_chunks` reads that from the timed requests, per side x lane; `lane_caveat` turns it, with the set-up's
+declared draft source (engines.base.EARLIER_REQUESTS), into the sentence a lane's headline must carry: its ratio
+is then one of prompts served before, not of speculation on unseen text."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from specbook.engines.base import EARLIER_REQUESTS
+
+REPEAT_CHUNK_COLUMNS = ["side", "engine", "lane", "prompts", "fewer_chunks_later", "more_chunks_later",
+                        "first_tokens_per_chunk", "later_tokens_per_chunk"]
+
+
+def _same_output_repeats(group: pd.DataFrame) -> pd.DataFrame:
+    """A cell side's answered repeats, in order, that emitted exactly the first repeat's tokens."""
+    rows = group.sort_values("repeat")
+    rows = rows[rows["token_ids"].notna() & (rows["chunks"] > 0)]
+    if rows.empty:
+        return rows
+    first = tuple(rows["token_ids"].iloc[0])
+    return rows[[tuple(t) == first for t in rows["token_ids"]]]
+
+
+def repeat_chunks(requests: pd.DataFrame) -> pd.DataFrame:
+    """From the answered timed requests: per side x lane, over the prompts with at least two repeats of the same output: how many streamed it in
+    fewer chunks on some later repeat than on the first, how many in more, and tokens per chunk on the first
+    repeat and on the later ones (over those prompts). Fewer and never more, on a lane whose other engine and
+    whose own off lane stay put, is a drafter that learnt from the earlier serves."""
+    need = {"side", "engine", "lane", "prompt", "repeat", "token_ids", "chunks", "completion_tokens"}
+    if requests.empty or not need <= set(requests.columns):
+        return pd.DataFrame(columns=REPEAT_CHUNK_COLUMNS)
+    rows = []
+    for (side, engine, lane), g in requests.groupby(["side", "engine", "lane"], sort=False):
+        prompts = fewer = more = 0
+        first_tok = first_chunks = later_tok = later_chunks = 0.0
+        for _, cell in g.groupby("prompt", sort=False):
+            same = _same_output_repeats(cell)
+            if len(same) < 2:
+                continue
+            prompts += 1
+            chunks = [int(c) for c in same["chunks"]]
+            fewer += min(chunks[1:]) < chunks[0]
+            more += max(chunks[1:]) > chunks[0]
+            tokens = [int(t) for t in same["completion_tokens"]]
+            first_tok, first_chunks = first_tok + tokens[0], first_chunks + chunks[0]
+            later_tok, later_chunks = later_tok + sum(tokens[1:]), later_chunks + sum(chunks[1:])
+        rows.append({"side": side, "engine": engine, "lane": lane, "prompts": prompts, "fewer_chunks_later": fewer,
+                     "more_chunks_later": more,
+                     "first_tokens_per_chunk": first_tok / first_chunks if first_chunks else math.nan,
+                     "later_tokens_per_chunk": later_tok / later_chunks if later_chunks else math.nan})
+    return pd.DataFrame(rows, columns=REPEAT_CHUNK_COLUMNS)
+
+
+def remembering_sides(setup: pd.DataFrame, lane: str) -> list[str]:
+    """The sides whose set-up says their drafter on `lane` also drafts from earlier requests."""
+    if setup.empty:
+        return []
+    row = setup[(setup["lane"] == lane) & (setup["aspect"] == "speculation")]
+    return [side for side in ("ours", "oracle") for detail in row[f"{side}_detail"] if EARLIER_REQUESTS in str(detail)]
+
+
+def chunk_evidence(table: pd.DataFrame, lane: str, labels: dict[str, str]) -> str:
+    """'the same output in fewer chunks after the first timed serve: sglang 5 of 24 prompts, vllm 0 of 24; in more:
+    0 and 0', from repeat_chunks; '' where neither side has a prompt with two repeats of one output."""
+    rows = [r for side in ("ours", "oracle")
+            for r in table[(table["side"] == side) & (table["lane"] == lane) & (table["prompts"] > 0)].itertuples()]
+    if not rows:
+        return ""
+    fewer = ", ".join(f"{labels.get(r.side, r.side)} {r.fewer_chunks_later} of {r.prompts}" for r in rows)
+    more = " and ".join(str(r.more_chunks_later) for r in rows)
+    return f"the same output in fewer chunks after the first timed serve: {fewer} prompts; in more: {more}"
+
+
+def lane_caveat(setup: pd.DataFrame, chunks: pd.DataFrame, lane: str, labels: dict[str, str]) -> str:
+    """'' where no side's drafter remembers earlier requests on `lane`; else the sentence its headline carries:
+    who drafts from earlier requests, that every timed request serves its prompt again, and what the chunk
+    counts across repeats showed."""
+    sides = remembering_sides(setup, lane)
+    if not sides:
+        return ""
+    who = " and ".join(labels.get(s, s) for s in sides)
+    seen = chunk_evidence(chunks, lane, labels)
+    return (f"{who} drafts from a trie that earlier requests fed, and every timed request serves its prompt again "
+            f"after a cold request ({seen or 'no repeats to compare'}): the ratio is for prompts served before, "
+            "not for speculation on unseen text")
+
+
+def scope_word(caveat: str) -> str:
+    """What a lane's verdict label adds when its caveat is set."""
+    return ", prompts served before" if caveat else ""
+
+
+def caveats(setup: pd.DataFrame, chunks: pd.DataFrame, lanes: Any, labels: dict[str, str]) -> dict[str, str]:
+    """lane -> its caveat, for the lanes that have one."""
+    out = {lane: lane_caveat(setup, chunks, lane, labels) for lane in lanes}
+    return {lane: text for lane, text in out.items() if text}
