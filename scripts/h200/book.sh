@@ -4,7 +4,7 @@
 # from the clean export of the commit pack.sh packed, and hand back each finished run folder as a tarball in $OUT.
 #
 #   book.sh start WAIT_S   install (foreground), check the runs' params, start the runs in the background,
-#                          then `wait WAIT_S`
+#                          then follow them until WAIT_S seconds after the call began (install included)
 #   book.sh wait WAIT_S    follow the runs up to WAIT_S seconds; copy into $OUT what has finished (and a
 #                          snapshot of the run in progress, EXPERIMENT-PARAMS.partial.tar.gz)
 #   book.sh stop WAIT_S    start no further experiment; SIGTERM the one running (it ends `interrupted`, its
@@ -292,9 +292,11 @@ run_all() {
   touch "$STATE/done"
 }
 
-follow() {  # WAIT_S: until done or WAIT_S, then hand back what has finished and a snapshot of the run in progress
-  local limit=$1 t0=$SECONDS tag dir
-  while [ ! -e "$STATE/done" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
+follow() {  # WAIT_S: until done or WAIT_S seconds into this call, then hand back what has finished and a snapshot
+  # of the run in progress. Counted from the call's start (bash's SECONDS), install included, so that `start 540`
+  # returns inside a 600 s call however long the install took.
+  local limit=$1 tag dir
+  while [ ! -e "$STATE/done" ] && [ "$SECONDS" -lt "$limit" ]; do sleep 5; done
   tail -40 "$STATE/book.log"
   if [ -n "${OUT:-}" ]; then
     for f in "$RESULTS"/*.tar.gz; do [ -e "$f" ] && hand_back "$f"; done
