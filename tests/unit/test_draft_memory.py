@@ -85,8 +85,8 @@ def test_the_caveat_names_the_remembering_side_and_the_chunk_counts_and_only_whe
                  _req("oracle", "ngram", "a", 0, range(40), 30), _req("oracle", "ngram", "a", 1, range(40), 30)])
     chunks = dm.repeat_chunks(df)
     text = dm.lane_caveat(_setup(f"draft from a trie, {EARLIER_REQUESTS}"), chunks, "ngram", LABELS)
-    assert text.startswith("sglang-cuda drafts from a trie that earlier requests fed")
-    assert "sglang-cuda 1 of 1, vllm-cuda 0 of 1 prompts; in more: 0 and 0" in text
+    assert text.startswith("sglang-cuda also drafts from earlier requests' tokens")
+    assert "sglang-cuda 1 of 1, vllm-cuda 0 of 1 prompts; in more chunks: 0 and 0" in text
     assert "not for speculation on unseen text" in text
     assert dm.scope_word(text) == ", prompts served before"
     assert dm.lane_caveat(_setup("draft from the request's own tokens"), chunks, "ngram", LABELS) == ""
@@ -122,8 +122,142 @@ def test_on_the_committed_gpu_run_the_ngram_headline_is_scoped_to_prompts_served
     heads = {h.comparison: h for h in result.answer(params).headlines}
     ngram = heads["lane ngram: decode rate"]
     assert ngram.verdict.endswith("faster, prompts served before")
-    assert ngram.why.startswith("sglang-cuda drafts from a trie that earlier requests fed")
+    assert ngram.why.startswith("sglang-cuda also drafts from earlier requests' tokens")
     assert "sglang-cuda 5 of 24, vllm-cuda 0 of 24 prompts" in ngram.why
     for lane in ("off", "draft-int4"):
         assert "served before" not in heads[f"lane {lane}: decode rate"].verdict
     assert "lane ngram: prompts served before" in heads["speculation against off, each engine"].why
+
+
+# -- emptying the drafter's memory before each timed request (params.draft_memory `forget`) ---------------------
+
+class _Window:
+    def __init__(self, records):
+        from specbook.core.acceptance import Acceptance
+
+        self.records = records
+        self.acceptance = Acceptance(source="counters", drafts=1.0, draft_tokens=4.0, accepted_tokens=2.0)
+
+
+class _Server:
+    """Answers each request with a 10 ms first token and `decode_s` of decode; logs forgets and windows in order."""
+
+    def __init__(self, decode_s: float, events: list):
+        self.decode_s, self.events = decode_s, events
+
+    def measure(self, requests, *, concurrency=1):
+        from specbook.serve.client import RequestRecord
+
+        self.events.append([r.prompt_id for r in requests])
+        return _Window([RequestRecord(prompt_id=r.prompt_id, completion_tokens=33, ttft_s=0.01,
+                                      wall_s=0.01 + self.decode_s, output_text="a b c") for r in requests])
+
+
+def _demo_params(**update):
+    import yaml
+
+    demo = Path(__file__).resolve().parents[2] / "params" / "cross_engine" / "cpu-demo.yaml"
+    return ce.CrossEngineParams.model_validate({**yaml.safe_load(demo.read_text()), **update})
+
+
+def test_forgetting_gives_every_timed_request_a_window_of_its_own_right_after_emptying():
+    from specbook.experiments.cross_engine.collection import measure_cell
+
+    params = _demo_params()
+    prompt = params.prompts[1].request()
+    events: list = []
+    server = _Server(decode_s=0.05, events=events)  # 3 repeats fall short of the wall minimum: 3 more are added
+    windows = measure_cell(server, lambda i: ce.build_request(params, prompt, repeat=i), 3, params.timing,
+                           forget=lambda: events.append("forget"))
+    assert events == ["forget", ["capital#0"], "forget", ["capital#1"], "forget", ["capital#2"],
+                      "forget", ["capital#3"], "forget", ["capital#4"], "forget", ["capital#5"]]
+    assert len(windows) == 6
+    plain: list = []
+    measure_cell(_Server(decode_s=0.05, events=plain), lambda i: ce.build_request(params, prompt, repeat=i), 3,
+                 params.timing)
+    assert plain == [["capital#0", "capital#1", "capital#2"], ["capital#3", "capital#4", "capital#5"]]
+
+
+def test_only_a_remembering_drafter_is_emptied_and_only_under_forget():
+    from types import SimpleNamespace
+
+    from specbook.experiments.cross_engine.collection import drafts_forgetter
+
+    def server(engine, spec):
+        return SimpleNamespace(cfg=EngineConfig(engine=engine, model="org/m", speculative_config=spec),
+                               base_url="http://127.0.0.1:1")
+
+    draft = {"method": "draft_model", "model": "org/d", "num_speculative_tokens": 4}
+    forgetting = drafts_forgetter(_demo_params(), server("sglang", NGRAM))
+    assert forgetting is not None and forgetting.base_url == "http://127.0.0.1:1" and forgetting.emptied == ""
+    assert drafts_forgetter(_demo_params(draft_memory="keep"), server("sglang", NGRAM)) is None
+    assert drafts_forgetter(_demo_params(), server("sglang", draft)) is None
+    assert drafts_forgetter(_demo_params(), server("sglang", None)) is None
+    assert drafts_forgetter(_demo_params(), server("vllm", NGRAM)) is None
+    with pytest.raises(ValueError, match="draft_memory"):
+        _demo_params(draft_memory="sometimes")
+
+
+class _FlushStub:
+    """A deliberately simple HTTP server in the place of an SGLang server's /flush_cache: answers `status` with
+    `text`, and keeps each request's path (fault injection for the adapter's handling, not SGLang's behaviour)."""
+
+    def __init__(self, status: int, text: str):
+        import http.server
+        import threading
+
+        stub = self
+        self.paths: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                stub.paths.append(self.path)
+                body = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_sglang_forget_asks_flush_cache_to_wait_for_idle_and_raises_naming_a_refusal():
+    from specbook.core.errors import EngineError
+    from specbook.engines.sglang import adapter
+
+    ok = _FlushStub(200, "Cache flushed.\n")
+    try:
+        assert get_engine("sglang").forget(ok.url) == adapter.FLUSHED
+        assert ok.paths == [f"/flush_cache?timeout={adapter.FLUSH_WAIT_S}"]
+    finally:
+        ok.close()
+    busy = _FlushStub(400, "Cache not flushed because there are pending requests.")
+    try:
+        with pytest.raises(EngineError, match=r"/flush_cache answered 400 'Cache not flushed because there are pending"):
+            get_engine("sglang").forget(busy.url)
+    finally:
+        busy.close()
+
+
+def test_a_lane_whose_remembering_side_was_emptied_carries_no_caveat_but_says_what_was_emptied():
+    setup = _setup(f"x, {EARLIER_REQUESTS}")
+    rows = [_req("ours", "ngram", "a", 0, range(40), 9), _req("ours", "ngram", "a", 1, range(40), 9),
+            _req("oracle", "ngram", "a", 0, range(40), 30), _req("oracle", "ngram", "a", 1, range(40), 30)]
+    df = _frame(rows).assign(drafts_emptied=["its trie (/flush_cache)"] * 2 + [""] * 2)
+    chunks = dm.repeat_chunks(df)
+    assert dm.caveats(setup, chunks, ["ngram"], LABELS, df) == {}
+    assert dm.emptied_notes(df, LABELS) == {"ngram": "sglang-cuda emptied its trie (/flush_cache) before each timed request"}
+    # a run from before the column, or one request not emptied: the caveat stands
+    assert dm.caveats(setup, chunks, ["ngram"], LABELS, df.drop(columns="drafts_emptied")).keys() == {"ngram"}
+    partly = df.assign(drafts_emptied=["its trie (/flush_cache)", ""] + [""] * 2)
+    assert dm.caveats(setup, chunks, ["ngram"], LABELS, partly).keys() == {"ngram"}

@@ -343,6 +343,22 @@ class ReportsResponseDrafts(Protocol):
 
 
 @runtime_checkable
+class ForgetsDrafts(Protocol):
+    """An engine whose drafter can also learn from earlier requests (its set-up fact's source ends in
+    EARLIER_REQUESTS), and how a harness empties what it learnt, so that a timed request drafts from its own tokens
+    as on a first serve."""
+
+    def remembers(self, cfg: EngineConfig) -> bool:
+        """Whether a server of `cfg` drafts from earlier requests."""
+        ...
+
+    def forget(self, base_url: str) -> str:
+        """Empty what the running server's drafter learnt from earlier requests (and whatever else the engine
+        empties with it: the returned phrase says what); EngineError where the server did not."""
+        ...
+
+
+@runtime_checkable
 class DerivesWeights(Protocol):
     """An engine that serves the declared weights converted to a format of its own."""
 

@@ -69,6 +69,11 @@ NGRAM_LOOKUP = ("from a server-wide suffix trie, BFS breadth 1 (no match length:
 NGRAM_SOURCE = f"a trie of every request's tokens since the server started, {EARLIER_REQUESTS}"
 
 
+# /flush_cache empties the NGRAM trie (the scheduler's flush calls the draft worker's clear_cache_pool) and the
+# radix prefix cache with it, only while the scheduler is idle: `timeout` lets it wait for that.
+FLUSH_PATH, FLUSH_WAIT_S = "/flush_cache", 30.0
+FLUSHED = "its NGRAM trie and its prefix cache (/flush_cache)"
+
 SHUTDOWN_ENV = "SGLANG_FORCE_SHUTDOWN"
 GRPC_PORT_ENV, GRPC_PORT_OFFSET = "SGLANG_GRPC_PORT", 10000
 
@@ -237,6 +242,26 @@ class SglangEngine:
 
         return log_startup_facts(log_path)
 
+    def remembers(self, cfg: EngineConfig) -> bool:
+        """NGRAM drafts from one server-wide trie (NGRAM_SOURCE); STANDALONE's draft model reads the request only."""
+        return (cfg.speculative_config or {}).get("method") == "ngram"
+
+    def forget(self, base_url: str) -> str:
+        """POST /flush_cache?timeout=FLUSH_WAIT_S: SGLang answers 200 once it flushed, 400 when it could not (a
+        request still running); the latter raises, naming the server's answer."""
+        import httpx
+
+        url = f"{base_url.rstrip('/')}{FLUSH_PATH}"
+        try:
+            resp = httpx.post(url, params={"timeout": FLUSH_WAIT_S}, timeout=FLUSH_WAIT_S + 10, trust_env=False)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"sglang: {url} failed ({type(exc).__name__}: {exc}): its NGRAM trie may still hold "
+                              "earlier requests") from exc
+        if resp.status_code != 200:
+            raise EngineError(f"sglang: {url} answered {resp.status_code} {resp.text.strip()[:200]!r}: its NGRAM trie "
+                              "still holds earlier requests")
+        return FLUSHED
+
     def setup_facts(self, cfg: EngineConfig, startup: Mapping[str, Any]) -> dict[str, SetupFact]:
         facts: dict[str, SetupFact] = {}
         if startup.get("processes"):
@@ -251,8 +276,9 @@ class SglangEngine:
         facts["weights"] = SetupFact({"bf16": "bfloat16"}.get(dtype, dtype), "--dtype" if cfg.dtype else "")
         facts["graphs / compilation"] = _graphs_fact(cfg, startup)
         facts.update(speculation_facts(
-            cfg.speculative_config, ngram_lookup=NGRAM_LOOKUP, ngram_source=NGRAM_SOURCE, draft_detail="STANDALONE, top-1 chain, greedy "
-            "verification", k_detail="--speculative-num-steps (draft) / --speculative-num-draft-tokens - 1"))
+            cfg.speculative_config, ngram_lookup=NGRAM_LOOKUP, ngram_source=NGRAM_SOURCE,
+            draft_detail="STANDALONE, top-1 chain, greedy verification",
+            k_detail="--speculative-num-steps (draft) / --speculative-num-draft-tokens - 1"))
         return facts
 
     def log_intervals(self, lines: Iterable[str]) -> pd.DataFrame:

@@ -100,6 +100,7 @@ class CrossResult:
     # from earlier requests streams it in fewer), and per lane the caveat its headline carries where one does
     repeat_chunks: pd.DataFrame = field(default_factory=pd.DataFrame)
     caveats: dict[str, str] = field(default_factory=dict)
+    emptied_notes: dict[str, str] = field(default_factory=dict)  # per lane: what collection emptied before each request
     # per lane: each side's decode tokens per step over its timed prompts, for the why-sentences
     tokens_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     timing_note: str = ""  # repeats a side, walls, thresholds: what the timed figures rest on, from the data
@@ -212,7 +213,8 @@ def cross_answer(result: CrossResult, params: CrossEngineParams) -> report_view.
                 f"lane {h.lane}: TTFT", f"{fmt(h.ttft_ratio, 3)}x {word}", None,
                 f"{fmt(h.ours_ttft_ms, 3)} vs {fmt(h.oracle_ttft_ms, 3)} ms to the first token, {int(h.ttft_cells)} cells",
                 _interval_text(h.ttft_ratio_lo, h.ttft_ratio_hi, level, int(h.ttft_cells)),
-                why=timing.ttft_why(h, labels, diffs, result.prompt_tokens)))
+                why="; ".join(t for t in (timing.ttft_why(h, labels, diffs, result.prompt_tokens),
+                                          result.emptied_notes.get(h.lane, "")) if t)))
     eff = result.speculation_effect
     spec = []
     if len(eff):
@@ -280,7 +282,8 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
     by_prompt = cet.anchors_by_prompt(matched, timed) if traced else pd.DataFrame()
     listing, anchor_note = cet.anchor_listing(matched, labels, _decoder(params) if len(matched) else None)
     splits = cost_split_table(data)
-    chunks = draft_memory.repeat_chunks(request_failures.answered(data.requests))
+    answered = request_failures.answered(data.requests)
+    chunks = draft_memory.repeat_chunks(answered)
     return CrossResult(
         pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
         headline=headline(cells, ci=params.ci_level, n_boot=params.n_boot),
@@ -308,7 +311,8 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
                                                      ci=params.ci_level),
         tokens_per_step=timing.tokens_per_step(request_failures.answered(data.requests), data.cells, decode), timing_note=timing.timing_note(decode, params.timing),
         repeats_note=repeats_line(data.requests),
-        repeat_chunks=chunks, caveats=draft_memory.caveats(setup, chunks, [lane.name for lane in params.lanes], labels),
+        repeat_chunks=chunks, emptied_notes=draft_memory.emptied_notes(answered, labels),
+        caveats=draft_memory.caveats(setup, chunks, [lane.name for lane in params.lanes], labels, answered),
         anchor_listing=listing, anchor_note=anchor_note, anchors_by_prompt=by_prompt,
         identical_share_notes=cet.identical_share_notes(summary, by_prompt, diffs) if traced else [],
         cost_split_notes=costsplit.split_notes(splits) if len(splits) else [],

@@ -7,7 +7,9 @@ its server during the first side's draft replay. Per prompt in the timed phase: 
 raw response, with llama.cpp's `timings`, is kept), a /metrics snapshot, N warm repeats streamed one at a time,
 a second snapshot; where their decode wall is shorter than `timing.min_timed_wall_s`, one more window of as many
 repeats as it still needs, unless these requests cannot time the cell (too short, a loop, or unequal to the other
-side's output where that side already ran: timing.worth_topping_up). Warm tok/s = completion_tokens /
+side's output where that side already ran: timing.worth_topping_up). A side whose drafter also learns from earlier
+requests (engines.base.ForgetsDrafts: SGLang's NGRAM trie) has it emptied before each timed request, which then
+gets a window of its own (params.draft_memory `forget`, the default). Warm tok/s = completion_tokens /
 whole-request wall time; the headline is the decode rate on equal decode work (cross_engine_timing). AL per cell
 comes from the counter delta under specbook.core.acceptance's one definition; raw figures are kept beside it.
 
@@ -316,9 +318,11 @@ def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
                 min_common_tokens=params.timing.min_common_tokens, guards=params.guards,
                 length=ok[0].completion_tokens)
 
+        forget = drafts_forgetter(params, server)
         windows = measure_cell(server, lambda i, p=prompt: build_request(params, p, repeat=i), params.warm_repeats,
-                               params.timing, can_time=can_time)
-        request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer))
+                               params.timing, can_time=can_time, forget=forget)
+        request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer)
+                              .assign(drafts_emptied=forget.emptied if forget else ""))
         cell_rows.append(_cell_row(which, cfg.engine, lane.name, prompt.prompt_id, windows, cold_resp))
     # Saved after every phase: a later failure keeps what the earlier ones measured.
     ctx.append_frame(REQUESTS_FRAME, pd.concat(request_frames, ignore_index=True).assign(kind="timed"))
@@ -327,17 +331,54 @@ def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
 
 
 def measure_cell(server: Any, build: Any, repeats: int, spec: TimingSpec, *,
-                 can_time: Callable[[list[Any]], bool] | None = None) -> list[Any]:
+                 can_time: Callable[[list[Any]], bool] | None = None,
+                 forget: Callable[[], Any] | None = None) -> list[Any]:
     """One cell side's timed repeats (`build(i)` is repeat i's request): `repeats` in one window, then, where
     their decode wall is short of `spec.min_timed_wall_s`, one more window with as many as it still needs
     (within `spec.max_warm_repeats`): the windows, in order. `can_time(records)`: whether these requests can
-    still time the cell (timing.worth_topping_up); no more window where it says no."""
-    windows = [server.measure([build(i) for i in range(repeats)], concurrency=1)]
-    walls = [r.wall_s - r.ttft_s if r.error is None and r.ttft_s is not None else math.nan for r in windows[0].records]
+    still time the cell (timing.worth_topping_up); no more window where it says no. `forget`: called before
+    each request, which then gets a window of its own (drafts_forgetter)."""
+    def window(first: int, n: int) -> list[Any]:
+        if forget is None:
+            return [server.measure([build(first + i) for i in range(n)], concurrency=1)]
+        out = []
+        for i in range(n):
+            forget()
+            out.append(server.measure([build(first + i)], concurrency=1))
+        return out
+
+    windows = window(0, repeats)
+    first_records = [r for w in windows for r in w.records]
+    walls = [r.wall_s - r.ttft_s if r.error is None and r.ttft_s is not None else math.nan for r in first_records]
     more = timing.repeats_to_add(walls, min_wall_s=spec.min_timed_wall_s, max_repeats=spec.max_warm_repeats)
-    if more and (can_time is None or can_time(windows[0].records)):
-        windows.append(server.measure([build(repeats + i) for i in range(more)], concurrency=1))
+    if more and (can_time is None or can_time(first_records)):
+        windows += window(repeats, more)
     return windows
+
+
+@dataclass
+class DraftsForgetter:
+    """Empties a server's drafter memory of earlier requests when called; `emptied`: what the engine said it
+    emptied (the requests frame's `drafts_emptied`)."""
+
+    engine: Any
+    base_url: str
+    emptied: str = ""
+
+    def __call__(self) -> None:
+        self.emptied = self.engine.forget(self.base_url)
+
+
+def drafts_forgetter(params: CrossEngineParams, server: Any) -> DraftsForgetter | None:
+    """What empties `server`'s drafter memory of earlier requests before each timed request (params.draft_memory
+    `forget`, an engine that offers ForgetsDrafts and whose config remembers); None where nothing is to empty."""
+    from specbook.engines import capability
+    from specbook.engines.base import ForgetsDrafts
+
+    engine = capability(server.cfg.engine, ForgetsDrafts)
+    if params.draft_memory != "forget" or engine is None or not engine.remembers(server.cfg):
+        return None
+    return DraftsForgetter(engine, server.base_url)
 
 
 def _other_side_outputs(ctx: Any, which: str, lane: str) -> dict[str, list[int]]:
@@ -440,9 +481,11 @@ def _equal_work_phase(params: CrossEngineParams, ctx: Any, server: Any, which: s
         def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: ChatRequest = prompt) -> Any:
             return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
         server.post_raw(equal(None))  # cold, not timed
-        windows = measure_cell(server, equal, repeats, params.timing)
+        forget = drafts_forgetter(params, server)
+        windows = measure_cell(server, equal, repeats, params.timing, forget=forget)
         frame = _windows_frame(windows, which, server.cfg.engine, lane.name, cell.prompt, tokenizer)
         frame["max_tokens"] = cell.tokens
+        frame["drafts_emptied"] = forget.emptied if forget else ""
         frames.append(frame)
     ctx.append_frame(EQUAL_WORK_FRAME, pd.concat(frames, ignore_index=True).assign(kind="equal_work"))
 

@@ -6,11 +6,13 @@ what the prompt's earlier serves generated: the same output in fewer chunks on a
 
 `repeat_chunks` reads that from the timed requests, per side x lane; `lane_caveat` turns it, with the set-up's
 declared draft source (engines.base.EARLIER_REQUESTS), into the sentence a lane's headline must carry: its ratio
-is then one of prompts served before, not of speculation on unseen text."""
+is then one of prompts served before, not of speculation on unseen text. Unless collection emptied that memory
+before each timed request (params.draft_memory `forget`: the requests' `drafts_emptied`, read by `emptied`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import pandas as pd
@@ -71,26 +73,49 @@ def remembering_sides(setup: pd.DataFrame, lane: str) -> list[str]:
 
 def chunk_evidence(table: pd.DataFrame, lane: str, labels: dict[str, str]) -> str:
     """'the same output in fewer chunks after the first timed serve: sglang 5 of 24 prompts, vllm 0 of 24; in more:
-    0 and 0', from repeat_chunks; '' where neither side has a prompt with two repeats of one output."""
+    chunks: 0 and 0', from repeat_chunks; '' where neither side has a prompt with two repeats of one output."""
     rows = [r for side in ("ours", "oracle")
             for r in table[(table["side"] == side) & (table["lane"] == lane) & (table["prompts"] > 0)].itertuples()]
     if not rows:
         return ""
     fewer = ", ".join(f"{labels.get(r.side, r.side)} {r.fewer_chunks_later} of {r.prompts}" for r in rows)
     more = " and ".join(str(r.more_chunks_later) for r in rows)
-    return f"the same output in fewer chunks after the first timed serve: {fewer} prompts; in more: {more}"
+    return f"the same output in fewer chunks after the first timed serve: {fewer} prompts; in more chunks: {more}"
 
 
-def lane_caveat(setup: pd.DataFrame, chunks: pd.DataFrame, lane: str, labels: dict[str, str]) -> str:
-    """'' where no side's drafter remembers earlier requests on `lane`; else the sentence its headline carries:
-    who drafts from earlier requests, that every timed request serves its prompt again, and what the chunk
-    counts across repeats showed."""
-    sides = remembering_sides(setup, lane)
+def emptied(requests: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(side, lane) -> what was emptied before each of its timed requests (the `drafts_emptied` column
+    collection writes under params.draft_memory `forget`), where every request of it says so; runs made before
+    that column emptied nothing."""
+    if requests.empty or "drafts_emptied" not in requests:
+        return {}
+    out = {}
+    for (side, lane), g in requests.groupby(["side", "lane"], sort=False):
+        said = g["drafts_emptied"].fillna("").astype(str)
+        if len(said) and (said != "").all():
+            out[(side, lane)] = str(said.iloc[0])
+    return out
+
+
+def emptied_notes(requests: pd.DataFrame, labels: dict[str, str]) -> dict[str, str]:
+    """lane -> 'sglang-cuda emptied its NGRAM trie and its prefix cache (/flush_cache) before each timed request'."""
+    notes: dict[str, list[str]] = {}
+    for (side, lane), what in emptied(requests).items():
+        notes.setdefault(lane, []).append(f"{labels.get(side, side)} emptied {what} before each timed request")
+    return {lane: "; ".join(parts) for lane, parts in notes.items()}
+
+
+def lane_caveat(setup: pd.DataFrame, chunks: pd.DataFrame, lane: str, labels: dict[str, str],
+                forgotten: Collection[str] = ()) -> str:
+    """'' where no side's drafter remembers earlier requests on `lane` (or each that does was emptied before
+    every timed request: `forgotten`, its sides); else the sentence its headline carries: who drafts from earlier
+    requests, that every timed request serves its prompt again, and what the chunk counts across repeats showed."""
+    sides = [s for s in remembering_sides(setup, lane) if s not in forgotten]
     if not sides:
         return ""
     who = " and ".join(labels.get(s, s) for s in sides)
     seen = chunk_evidence(chunks, lane, labels)
-    return (f"{who} drafts from a trie that earlier requests fed, and every timed request serves its prompt again "
+    return (f"{who} also drafts from earlier requests' tokens, and every timed request serves its prompt again "
             f"after a cold request ({seen or 'no repeats to compare'}): the ratio is for prompts served before, "
             "not for speculation on unseen text")
 
@@ -100,7 +125,9 @@ def scope_word(caveat: str) -> str:
     return ", prompts served before" if caveat else ""
 
 
-def caveats(setup: pd.DataFrame, chunks: pd.DataFrame, lanes: Any, labels: dict[str, str]) -> dict[str, str]:
-    """lane -> its caveat, for the lanes that have one."""
-    out = {lane: lane_caveat(setup, chunks, lane, labels) for lane in lanes}
+def caveats(setup: pd.DataFrame, chunks: pd.DataFrame, lanes: Any, labels: dict[str, str],
+            requests: pd.DataFrame | None = None) -> dict[str, str]:
+    """lane -> its caveat, for the lanes that have one (`requests`: the timed ones, for what was emptied)."""
+    gone = emptied(requests) if requests is not None else {}
+    out = {lane: lane_caveat(setup, chunks, lane, labels, {side for side, ln in gone if ln == lane}) for lane in lanes}
     return {lane: text for lane, text in out.items() if text}

@@ -16,7 +16,7 @@ a follow-up turn is refused; Spec-Bench's MT-Bench questions go as their first t
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -157,6 +157,10 @@ class CrossEngineParams(ExperimentParams):
     cost_split: CostSplitSpec = Field(default_factory=CostSplitSpec)
     timing: TimingSpec = Field(default_factory=TimingSpec, description="when a cell is timed on equal decode work "
                                "(common tokens, decode wall) and how many repeats collection may add")
+    draft_memory: Literal["forget", "keep"] = Field(
+        "forget", description="a side whose drafter also learns from earlier requests (SGLang's NGRAM trie): "
+        "`forget` empties it before each timed request (one request per window), so every timed request drafts "
+        "as on a first serve; `keep` times prompts served before, and the lane's headline says so")
 
     @model_validator(mode="before")
     @classmethod
