@@ -273,7 +273,8 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
     labels = _labels(data)
     traced = not data.trace_passes.empty
     matched = cet.matched_anchor_table(data.trace_steps, data.trace_requests) if traced else pd.DataFrame()
-    decode = timing.decode_cells(cells, request_failures.answered(data.requests), data.equal_work, equal,
+    answered = request_failures.answered(data.requests)
+    decode = timing.decode_cells(cells, answered, data.equal_work, equal,
                                  params.timing, ci=params.ci_level)
     setup = setup_table(data, params)
     diffs = asymmetries(setup) if len(setup) else []
@@ -282,7 +283,6 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
     by_prompt = cet.anchors_by_prompt(matched, timed) if traced else pd.DataFrame()
     listing, anchor_note = cet.anchor_listing(matched, labels, _decoder(params) if len(matched) else None)
     splits = cost_split_table(data)
-    answered = request_failures.answered(data.requests)
     chunks = draft_memory.repeat_chunks(answered)
     return CrossResult(
         pins=pins_table(data), weights=weights_table(data), cells=cells, flagged_reasons=flagged_reasons(cells),
@@ -307,9 +307,9 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
             lambda group: headline(group, ci=params.ci_level, n_boot=params.n_boot)),
         decode_cells=decode, decode_headline=timing.decode_headline(decode, ci=params.ci_level),
         headline_texts=timing.headline_texts(decode),
-        speculation_effect=timing.speculation_effect(request_failures.answered(data.requests), cells,
+        speculation_effect=timing.speculation_effect(answered, cells,
                                                      ci=params.ci_level),
-        tokens_per_step=timing.tokens_per_step(request_failures.answered(data.requests), data.cells, decode), timing_note=timing.timing_note(decode, params.timing),
+        tokens_per_step=timing.tokens_per_step(answered, data.cells, decode), timing_note=timing.timing_note(decode, params.timing),
         repeats_note=repeats_line(data.requests),
         repeat_chunks=chunks, emptied_notes=draft_memory.emptied_notes(answered, labels),
         caveats=draft_memory.caveats(setup, chunks, [lane.name for lane in params.lanes], labels, answered),

@@ -307,6 +307,7 @@ def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
     cfg = server.cfg
     request_frames, cell_rows = [], []
     other = _other_side_outputs(ctx, which, lane.name)
+    forget = drafts_forgetter(params, server)
     for prompt in prompts:
         cold_resp = server.post_raw(build_request(params, prompt))
         cold.append({"side": which, "lane": lane.name, "prompt_id": prompt.prompt_id, "response": cold_resp})
@@ -318,7 +319,6 @@ def _timed_phase(params: CrossEngineParams, ctx: Any, server: Any, which: str, l
                 min_common_tokens=params.timing.min_common_tokens, guards=params.guards,
                 length=ok[0].completion_tokens)
 
-        forget = drafts_forgetter(params, server)
         windows = measure_cell(server, lambda i, p=prompt: build_request(params, p, repeat=i), params.warm_repeats,
                                params.timing, can_time=can_time, forget=forget)
         request_frames.append(_windows_frame(windows, which, cfg.engine, lane.name, prompt.prompt_id, tokenizer)
@@ -476,12 +476,12 @@ def _equal_work_phase(params: CrossEngineParams, ctx: Any, server: Any, which: s
     prompts = {p.prompt_id: p for p in sent}
     repeats = params.equal_work.warm_repeats or params.warm_repeats
     frames = []
+    forget = drafts_forgetter(params, server)
     for cell in cells:
         prompt = prompts[cell.prompt]
         def equal(repeat: int | None, cell: EqualWorkCell = cell, prompt: ChatRequest = prompt) -> Any:
             return equal_work_request(build_request(params, prompt, repeat=repeat), cell.ours, cell.oracle)
         server.post_raw(equal(None))  # cold, not timed
-        forget = drafts_forgetter(params, server)
         windows = measure_cell(server, equal, repeats, params.timing, forget=forget)
         frame = _windows_frame(windows, which, server.cfg.engine, lane.name, cell.prompt, tokenizer)
         frame["max_tokens"] = cell.tokens
