@@ -178,6 +178,18 @@ def test_speculation_against_off_per_engine_on_the_same_prompts():
                    "a 135M target, so the speculative lanes' ratios compare whose speculation hurts less")
 
 
+def test_a_run_without_an_off_lane_has_no_speculation_effect():
+    """A run of one speculative lane (an ngram-only edition) has nothing to compare with: no rows, so no headline
+    (not a row of nan ratios under 'MIXED OR UNDECIDED')."""
+    req, strict_rows = [], []
+    for p in ("a", "b"):
+        for side in ("ours", "oracle"):
+            req += _rows("ngram", p, side, decode_ms=1.0)
+        strict_rows += [("ngram", p, "", 100, 100, None)]
+    eff = t.speculation_effect(pd.DataFrame(req), _strict(strict_rows))
+    assert eff.empty and t.speculation_verdict(eff) == "NOT MEASURED"
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_no_speculation_label_says_more_than_its_intervals(seed):
     """A property: the label claims slower or faster on both engines only where every interval shows it."""

@@ -388,6 +388,8 @@ def speculation_effect(requests: pd.DataFrame, strict: pd.DataFrame, *, ci: floa
         for lane in lanes:
             pairs = [rates[(side, lane, p)] / rates[(side, OFF_LANE, p)] for s, ln, p in rates
                      if s == side and ln == lane and (side, OFF_LANE, p) in rates]
+            if not pairs:  # no off lane in the run (or none of its prompts kept): nothing to compare against
+                continue
             r = geo_interval(pairs, ci)
             rows.append({"side": side, "lane": lane, "prompts": len(pairs), "vs_off": r[0], "vs_off_lo": r[1],
                          "vs_off_hi": r[2]})
