@@ -264,3 +264,10 @@ def test_the_ran_on_line_names_every_kind_of_machine_a_resumed_run_ran_on(tmp_pa
     assert rv.ran_on_line(tmp_path) == (
         "1 x NVIDIA H100 80GB HBM3 (driver 580.159.04); its parts ran on 2 kinds of machine "
         "(1 x NVIDIA H100 80GB HBM3 / 1 x NVIDIA H200); commit 0123456 (clean tree)")
+
+
+def test_a_frame_without_rows_shows_why_when_told():
+    """An empty table says why it is empty (its `empty` sentence) instead of a bare header; without one, the header."""
+    df = pd.DataFrame(columns=["side", "lane", "vs_off"])
+    assert rv.table_html(df, empty="no off lane in this run") == "<p><i>no off lane in this run</i></p>"
+    assert "<thead>" in rv.table_html(df) and "<thead>" in rv.table_html(pd.DataFrame({"a": [1]}), empty="never")

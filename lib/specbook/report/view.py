@@ -329,16 +329,19 @@ def key_columns(frame: pd.DataFrame, digits: int = 4) -> list[Any]:
 
 def table_html(df: pd.DataFrame, *, units: Mapping[str, str] | None = None, digits: int = 4,
                index: bool = False, max_columns: int = MAX_COLUMNS, title: str | None = None,
-               raw_html: tuple[str, ...] = (), keys: list[str] | None = None) -> str:
+               raw_html: tuple[str, ...] = (), keys: list[str] | None = None, empty: str | None = None) -> str:
     """A frame as a reading table: no index column (unless `index` names the rows), every row and column,
     units in headers, `digits` significant digits. A frame wider than `max_columns` with at most 3 rows is
     transposed (one row per column); a wider one with more rows is split into column groups that each
     repeat the key columns (`keys`, default `key_columns`: the leading columns that tell its rows apart), the
     first group shown and the others folded beneath it. Columns named in `raw_html` hold markup made by the
-    caller (links) and are not escaped."""
+    caller (links) and are not escaped. `empty`: the sentence shown instead of a frame without rows (why it has
+    none), not a bare header."""
     units = units or {}
     if df is None or len(df.columns) == 0:
         return "<p><i>(nothing to show)</i></p>"
+    if empty is not None and len(df) == 0:
+        return f"<p><i>{_e(empty)}</i></p>"
     frame = df.reset_index() if index else df
     if len(frame.columns) > max_columns and len(frame) <= 3:
         names, shown = _row_names(frame, digits)

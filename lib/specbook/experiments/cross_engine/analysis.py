@@ -122,6 +122,11 @@ class CrossResult:
         return self.cells[REPORT_COLUMNS]
 
     @property
+    def no_speculation_effect(self) -> str:
+        """What the speculation-against-off table says where it has no rows."""
+        return timing.NO_SPECULATION_EFFECT
+
+    @property
     def decode_timed(self) -> pd.DataFrame:
         """The timed cells for reading: where their requests come from, common tokens, the decode-rate ratio with
         its interval, each side's decode rate, decode wall and repeats."""

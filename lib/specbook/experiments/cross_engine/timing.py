@@ -396,6 +396,10 @@ def speculation_effect(requests: pd.DataFrame, strict: pd.DataFrame, *, ci: floa
     return pd.DataFrame(rows, columns=["side", "lane", "prompts", "vs_off", "vs_off_lo", "vs_off_hi"])
 
 
+NO_SPECULATION_EFFECT = ("no prompt was timed both in a speculative lane and in the off lane of the same engine (the "
+                         "run has no off lane, or the guards kept none): nothing to set speculation against")
+
+
 def speculation_verdict(effect: pd.DataFrame) -> str:
     """'SLOWER THAN OFF ON BOTH ENGINES' only where every engine x lane interval lies below 1 (and the like)."""
     if effect.empty:
