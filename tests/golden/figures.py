@@ -31,7 +31,7 @@ FIGURES_JSON = "figures.json"
 # The second golden set (tests/golden/README.md): folder -> its experiment (not every folder kept its manifest).
 SECOND_SET = {"config_flip_traced": "config_flip", "cross_engine_traced": "cross_engine",
               "concurrency_curve": "concurrency_curve", "cross_engine_h200": "cross_engine",
-              "cross_engine_h100_sglang_off": "cross_engine"}
+              "cross_engine_h100_sglang_off": "cross_engine", "cross_engine_h100_sglang_ngram_forget": "cross_engine"}
 
 
 def jsonable(value: Any, run: str) -> Any:

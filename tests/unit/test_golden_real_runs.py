@@ -10,7 +10,9 @@ e2e runs used to be the only proof of (tests/golden/README.md says how each was 
 - cross_engine_h200: the H200 cross-engine run (24 prompts, vLLM 0.26 with CUDA graphs vs llama.cpp CUDA), data
   and the timed servers' logs only;
 - cross_engine_h100_sglang_off: the first SGLang cross-engine run (SGLang 0.5.15.post1 vs vLLM 0.26, both with CUDA
-  graphs, on an H100), which failed at its ngram server: its off lane, whole on both sides, data and logs.
+  graphs, on an H100), which failed at its ngram server: its off lane, whole on both sides, data and logs;
+- cross_engine_h100_sglang_ngram_forget: SGLang's ngram lane alone against vLLM with draft_memory forget (SGLang's
+  /flush_cache before each timed request), on an H100: data and the three servers' logs (gzipped).
 Each folder goes through today's load() and analyze(); the findings the demos exist to show must hold in it.
 """
 
@@ -171,3 +173,21 @@ def test_the_sglang_run_compares_on_real_cells_with_sglang_set_up_as_it_ran(tmp_
     head = result.decode_headline.set_index("lane")
     assert list(head.index) == ["off"] and head.loc["off", "timed"] >= 5
     assert head.loc["off", "decode_ratio_lo"] <= head.loc["off", "decode_ratio"] <= head.loc["off", "decode_ratio_hi"]
+
+
+def test_an_emptied_sglang_trie_drafts_as_on_a_first_serve_and_the_headline_is_not_scoped(tmp_path):
+    """draft_memory forget on a real SGLang server: every timed SGLang request records what /flush_cache emptied,
+    none streams its output in fewer chunks on a later serve (the full edition's re-served prompts did, 5 of 24),
+    so the ngram headline carries no "prompts served before" scope, and its TTFT line names what was emptied."""
+    result, params = _cross("cross_engine_h100_sglang_ngram_forget", tmp_path)
+    assert params.draft_memory == "forget"
+    chunks = result.repeat_chunks.set_index("engine")
+    assert chunks.loc["sglang", "prompts"] >= 20 and chunks.loc["sglang", "fewer_chunks_later"] == 0
+    assert chunks.loc["vllm", "fewer_chunks_later"] == 0
+    assert result.caveats == {}
+    answer = {h.comparison: h for h in result.answer(params).headlines}
+    assert "prompts served before" not in answer["lane ngram: decode rate"].verdict
+    assert "emptied its NGRAM trie" in answer["lane ngram: TTFT"].why
+    assert "speculation against off, each engine" not in answer  # no off lane in this run
+    head = result.decode_headline.set_index("lane").loc["ngram"]
+    assert head["timed"] >= 5 and head["decode_ratio_lo"] <= head["decode_ratio"] <= head["decode_ratio_hi"]
