@@ -20,6 +20,7 @@ from specbook.store.runstore import RunContext
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 LABELS = {"ours": "sglang-cuda", "oracle": "vllm-cuda"}
 SGLANG_RUN = Path(__file__).resolve().parents[2] / "docs" / "reports" / "cross_engine-h100-sglang"
+PARAMS = Path(__file__).resolve().parents[2] / "params" / "cross_engine"
 
 
 def _req(side, lane, prompt, repeat, tokens, chunks, engine=None):
@@ -75,23 +76,28 @@ def test_sglang_declares_its_ngram_drafter_server_wide_and_vllm_and_llamacpp_do_
     assert EARLIER_REQUESTS not in spec_fact("llamacpp").detail
 
 
-def _setup(ours_detail, oracle_detail="draft from the request's own tokens"):
-    return pd.DataFrame([{"lane": "ngram", "aspect": "speculation", "ours": "ngram x", "oracle": "ngram y",
-                          "differs": True, "ours_detail": ours_detail, "oracle_detail": oracle_detail}])
+def _params(name):
+    return load_params(ce.CrossEngineParams, PARAMS / f"{name}.yaml")
+
+
+def test_the_remembering_sides_are_what_each_engine_says_of_its_config():
+    """SGLang's NGRAM remembers (a server-wide trie); its draft model, vLLM's and llama.cpp's ngram do not."""
+    assert dm.remembering_sides(_params("h200-sglang")) == {"off": [], "ngram": ["ours"], "draft-int4": []}
+    assert dm.remembering_sides(_params("h200-llamacpp-vs-sglang"))["ngram"] == ["oracle"]
+    assert dm.remembering_sides(_params("h200")) == {"off": [], "ngram": [], "draft-int4": []}
 
 
 def test_the_caveat_names_the_remembering_side_and_the_chunk_counts_and_only_where_declared():
     df = _frame([_req("ours", "ngram", "a", 0, range(40), 20), _req("ours", "ngram", "a", 1, range(40), 9),
                  _req("oracle", "ngram", "a", 0, range(40), 30), _req("oracle", "ngram", "a", 1, range(40), 30)])
     chunks = dm.repeat_chunks(df)
-    text = dm.lane_caveat(_setup(f"draft from a trie, {EARLIER_REQUESTS}"), chunks, "ngram", LABELS)
+    text = dm.lane_caveat(["ours"], chunks, "ngram", LABELS)
     assert text.startswith("sglang-cuda also drafts from earlier requests' tokens")
     assert "sglang-cuda 1 of 1, vllm-cuda 0 of 1 prompts; in more chunks: 0 and 0" in text
     assert "not for speculation on unseen text" in text
     assert dm.scope_word(text) == ", prompts served before"
-    assert dm.lane_caveat(_setup("draft from the request's own tokens"), chunks, "ngram", LABELS) == ""
-    assert dm.lane_caveat(_setup(f"x, {EARLIER_REQUESTS}"), chunks, "off", LABELS) == ""
-    assert dm.caveats(_setup(f"x, {EARLIER_REQUESTS}"), chunks, ["off", "ngram"], LABELS).keys() == {"ngram"}
+    assert dm.lane_caveat([], chunks, "ngram", LABELS) == ""
+    assert dm.caveats({"off": [], "ngram": ["ours"]}, chunks, LABELS).keys() == {"ngram"}
     assert dm.scope_word("") == ""
 
 
@@ -250,14 +256,14 @@ def test_sglang_forget_asks_flush_cache_to_wait_for_idle_and_raises_naming_a_ref
 
 
 def test_a_lane_whose_remembering_side_was_emptied_carries_no_caveat_but_says_what_was_emptied():
-    setup = _setup(f"x, {EARLIER_REQUESTS}")
+    remembering = {"ngram": ["ours"]}
     rows = [_req("ours", "ngram", "a", 0, range(40), 9), _req("ours", "ngram", "a", 1, range(40), 9),
             _req("oracle", "ngram", "a", 0, range(40), 30), _req("oracle", "ngram", "a", 1, range(40), 30)]
     df = _frame(rows).assign(drafts_emptied=["its trie (/flush_cache)"] * 2 + [""] * 2)
     chunks = dm.repeat_chunks(df)
-    assert dm.caveats(setup, chunks, ["ngram"], LABELS, df) == {}
+    assert dm.caveats(remembering, chunks, LABELS, df) == {}
     assert dm.emptied_notes(df, LABELS) == {"ngram": "sglang-cuda emptied its trie (/flush_cache) before each timed request"}
     # a run from before the column, or one request not emptied: the caveat stands
-    assert dm.caveats(setup, chunks, ["ngram"], LABELS, df.drop(columns="drafts_emptied")).keys() == {"ngram"}
+    assert dm.caveats(remembering, chunks, LABELS, df.drop(columns="drafts_emptied")).keys() == {"ngram"}
     partly = df.assign(drafts_emptied=["its trie (/flush_cache)", ""] + [""] * 2)
-    assert dm.caveats(setup, chunks, ["ngram"], LABELS, partly).keys() == {"ngram"}
+    assert dm.caveats(remembering, chunks, LABELS, partly).keys() == {"ngram"}

@@ -317,7 +317,7 @@ def analyze(data: CrossData, params: CrossEngineParams) -> CrossResult:
         tokens_per_step=timing.tokens_per_step(answered, data.cells, decode), timing_note=timing.timing_note(decode, params.timing),
         repeats_note=repeats_line(data.requests),
         repeat_chunks=chunks, emptied_notes=draft_memory.emptied_notes(answered, labels),
-        caveats=draft_memory.caveats(setup, chunks, [lane.name for lane in params.lanes], labels, answered),
+        caveats=draft_memory.caveats(draft_memory.remembering_sides(params), chunks, labels, answered),
         anchor_listing=listing, anchor_note=anchor_note, anchors_by_prompt=by_prompt,
         identical_share_notes=cet.identical_share_notes(summary, by_prompt, diffs) if traced else [],
         cost_split_notes=costsplit.split_notes(splits) if len(splits) else [],

@@ -4,20 +4,22 @@ only the request's own tokens then proposes the same drafts on every repeat, so 
 same number of chunks. One that also learns from earlier requests (SGLang's NGRAM trie is server-wide) proposes
 what the prompt's earlier serves generated: the same output in fewer chunks on a later serve.
 
-`repeat_chunks` reads that from the timed requests, per side x lane; `lane_caveat` turns it, with the set-up's
-declared draft source (engines.base.EARLIER_REQUESTS), into the sentence a lane's headline must carry: its ratio
-is then one of prompts served before, not of speculation on unseen text. Unless collection emptied that memory
-before each timed request (params.draft_memory `forget`: the requests' `drafts_emptied`, read by `emptied`)."""
+`repeat_chunks` reads that from the timed requests, per side x lane; `lane_caveat` turns it, with the sides whose
+engine says its drafter remembers (`remembering_sides`: engines.base.ForgetsDrafts.remembers), into the sentence a
+lane's headline must carry: its ratio is then one of prompts served before, not of speculation on unseen text.
+Unless collection emptied that memory before each timed request (params.draft_memory `forget`: the requests'
+`drafts_emptied`, read by `emptied`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from specbook.engines.base import EARLIER_REQUESTS
+if TYPE_CHECKING:
+    from specbook.experiments.cross_engine.params import CrossEngineParams
 
 REPEAT_CHUNK_COLUMNS = ["side", "engine", "lane", "prompts", "fewer_chunks_later", "more_chunks_later",
                         "first_tokens_per_chunk", "later_tokens_per_chunk"]
@@ -63,12 +65,23 @@ def repeat_chunks(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=REPEAT_CHUNK_COLUMNS)
 
 
-def remembering_sides(setup: pd.DataFrame, lane: str) -> list[str]:
-    """The sides whose set-up says their drafter on `lane` also drafts from earlier requests."""
-    if setup.empty:
-        return []
-    row = setup[(setup["lane"] == lane) & (setup["aspect"] == "speculation")]
-    return [side for side in ("ours", "oracle") for detail in row[f"{side}_detail"] if EARLIER_REQUESTS in str(detail)]
+def remembering_sides(params: CrossEngineParams) -> dict[str, list[str]]:
+    """lane -> the sides whose engine says its drafter on that lane also drafts from earlier requests
+    (ForgetsDrafts.remembers of the side's config with the lane's speculation; an engine without it does not)."""
+    from specbook.engines import capability
+    from specbook.engines.base import ForgetsDrafts
+    from specbook.experiments.cross_engine.collection import lane_config
+
+    out: dict[str, list[str]] = {}
+    for lane in params.lanes:
+        sides = []
+        for side in ("ours", "oracle"):
+            cfg = lane_config(params.side(side), lane)
+            engine = capability(cfg.engine, ForgetsDrafts)
+            if engine is not None and engine.remembers(cfg):
+                sides.append(side)
+        out[lane.name] = sides
+    return out
 
 
 def chunk_evidence(table: pd.DataFrame, lane: str, labels: dict[str, str]) -> str:
@@ -105,12 +118,13 @@ def emptied_notes(requests: pd.DataFrame, labels: dict[str, str]) -> dict[str, s
     return {lane: "; ".join(parts) for lane, parts in notes.items()}
 
 
-def lane_caveat(setup: pd.DataFrame, chunks: pd.DataFrame, lane: str, labels: dict[str, str],
+def lane_caveat(remembering: Collection[str], chunks: pd.DataFrame, lane: str, labels: dict[str, str],
                 forgotten: Collection[str] = ()) -> str:
-    """'' where no side's drafter remembers earlier requests on `lane` (or each that does was emptied before
-    every timed request: `forgotten`, its sides); else the sentence its headline carries: who drafts from earlier
-    requests, that every timed request serves its prompt again, and what the chunk counts across repeats showed."""
-    sides = [s for s in remembering_sides(setup, lane) if s not in forgotten]
+    """'' where no side's drafter remembers earlier requests on `lane` (`remembering`: the sides that do, from
+    remembering_sides; or each was emptied before every timed request: `forgotten`, its sides); else the sentence
+    its headline carries: who drafts from earlier requests, that every timed request serves its prompt again, and
+    what the chunk counts across repeats showed."""
+    sides = [s for s in remembering if s not in forgotten]
     if not sides:
         return ""
     who = " and ".join(labels.get(s, s) for s in sides)
@@ -125,9 +139,11 @@ def scope_word(caveat: str) -> str:
     return ", prompts served before" if caveat else ""
 
 
-def caveats(setup: pd.DataFrame, chunks: pd.DataFrame, lanes: Any, labels: dict[str, str],
+def caveats(remembering: Mapping[str, Collection[str]], chunks: pd.DataFrame, labels: dict[str, str],
             requests: pd.DataFrame | None = None) -> dict[str, str]:
-    """lane -> its caveat, for the lanes that have one (`requests`: the timed ones, for what was emptied)."""
+    """lane -> its caveat, for the lanes that have one (`remembering`: lane -> its remembering sides, from
+    remembering_sides; `requests`: the timed ones, for what was emptied)."""
     gone = emptied(requests) if requests is not None else {}
-    out = {lane: lane_caveat(setup, chunks, lane, labels, {side for side, ln in gone if ln == lane}) for lane in lanes}
+    out = {lane: lane_caveat(sides, chunks, lane, labels, {side for side, ln in gone if ln == lane})
+           for lane, sides in remembering.items()}
     return {lane: text for lane, text in out.items() if text}
