@@ -10,6 +10,8 @@
 #   book.sh stop WAIT_S    start no further experiment; SIGTERM the one running (it ends `interrupted`, its
 #                          finished units kept, its servers torn down: ~20 s), then `wait WAIT_S`
 #   book.sh install        install only
+#   book.sh again WAIT_S   after BOOK DONE, on the same warm machine: run BOOK_RUNS (given to this call) without
+#                          installing again (the kits, the export and the models are there), then follow as `wait`
 # Env, given to `start`:
 #   BOOK_RUNS        the experiments, in order, separated by spaces: EXPERIMENT:PARAMS_FILE[:KEY=VALUE...]
 #                    (each KEY=VALUE a `specbook run -p` override); default: the DEFAULT_RUNS below. An entry
@@ -254,7 +256,8 @@ run_all() {
   say "models: prepare"
   python3 -m specbook models prepare || { say "models: prepare failed"; touch "$STATE/done"; return 1; }
   say "models: ready in $((SECONDS - t0)) s"
-  if [ -n "${SPECBOOK_SGLANG_SITE:-}" ] && [ "${BOOK_SGLANG_CAPTURE:-1}" = 1 ]; then
+  # opt-in (BOOK_SGLANG_CAPTURE=1): the committed fixtures exist, and a capture costs an SGLang start of device time
+  if [ -n "${SPECBOOK_SGLANG_SITE:-}" ] && [ "${BOOK_SGLANG_CAPTURE:-0}" = 1 ]; then
     # verbatim SGLang output for the parser tests (tests/fixtures/sglang/), before the runs: one server
     say "sglang: capture"
     python3 "$REPO/scripts/sglang/capture.py" "$STATE/sglang-capture" > "$STATE/sglang-capture.txt" 2>&1
@@ -333,6 +336,18 @@ case "${1:-}" in
     follow "${2:-300}"
     ;;
   install) set -e; install_all ;;   # install only (checks of the install itself)
+  again)
+    if [ ! -e "$STATE/done" ] || [ ! -d "$REPO" ]; then
+      echo "book.sh: again follows a finished book (BOOK DONE) on this machine; use start, or wait for the one running" >&2
+      exit 1
+    fi
+    (book_env && check_runs) || { echo "book.sh: fix BOOK_RUNS / the params above; nothing started" >&2; exit 1; }
+    rm -f "$STATE/done" "$STATE/stop" "$STATE/skipped" "$STATE/current.tag" "$STATE/current.dir"
+    setsid nohup bash "$REPO/scripts/h200/book.sh" run >> "$STATE/book.log" 2>&1 < /dev/null &
+    echo $! > "$STATE/book.pid"
+    sleep 2
+    follow "${2:-300}"
+    ;;
   run) run_all ;;
   wait) follow "${2:-300}" ;;
   stop)
