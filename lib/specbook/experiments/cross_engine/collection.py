@@ -31,7 +31,7 @@ import pandas as pd
 from specbook.core import request_failures
 from specbook.core.acceptance import Acceptance
 from specbook.engines import EngineConfig
-from specbook.experiments.cross_engine import phases, timing
+from specbook.experiments.cross_engine import draft_memory, phases, timing
 from specbook.experiments.cross_engine import traces as cet
 from specbook.experiments.cross_engine.cells import _tokens, cell_guards, prompt_texts, request_failure_table
 from specbook.experiments.cross_engine.data import (
@@ -372,13 +372,8 @@ class DraftsForgetter:
 def drafts_forgetter(params: CrossEngineParams, server: Any) -> DraftsForgetter | None:
     """What empties `server`'s drafter memory of earlier requests before each timed request (params.draft_memory
     `forget`, an engine that offers ForgetsDrafts and whose config remembers); None where nothing is to empty."""
-    from specbook.engines import capability
-    from specbook.engines.base import ForgetsDrafts
-
-    engine = capability(server.cfg.engine, ForgetsDrafts)
-    if params.draft_memory != "forget" or engine is None or not engine.remembers(server.cfg):
-        return None
-    return DraftsForgetter(engine, server.base_url)
+    engine = draft_memory.remembering_engine(server.cfg) if params.draft_memory == "forget" else None
+    return DraftsForgetter(engine, server.base_url) if engine is not None else None
 
 
 def _other_side_outputs(ctx: Any, which: str, lane: str) -> dict[str, list[int]]:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
+    from specbook.engines import EngineConfig
+    from specbook.engines.base import ForgetsDrafts
     from specbook.experiments.cross_engine.params import CrossEngineParams
 
 REPEAT_CHUNK_COLUMNS = ["side", "engine", "lane", "prompts", "fewer_chunks_later", "more_chunks_later",
@@ -65,23 +67,24 @@ def repeat_chunks(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=REPEAT_CHUNK_COLUMNS)
 
 
-def remembering_sides(params: CrossEngineParams) -> dict[str, list[str]]:
-    """lane -> the sides whose engine says its drafter on that lane also drafts from earlier requests
-    (ForgetsDrafts.remembers of the side's config with the lane's speculation; an engine without it does not)."""
+def remembering_engine(cfg: EngineConfig) -> ForgetsDrafts | None:
+    """The engine serving `cfg` where its drafter also drafts from earlier requests (ForgetsDrafts.remembers);
+    None for one without that capability or whose config does not remember."""
     from specbook.engines import capability
     from specbook.engines.base import ForgetsDrafts
+
+    engine = capability(cfg.engine, ForgetsDrafts)
+    return engine if engine is not None and engine.remembers(cfg) else None
+
+
+def remembering_sides(params: CrossEngineParams) -> dict[str, list[str]]:
+    """lane -> the sides whose drafter on that lane also drafts from earlier requests (remembering_engine of the
+    side's config with the lane's speculation)."""
     from specbook.experiments.cross_engine.collection import lane_config
 
-    out: dict[str, list[str]] = {}
-    for lane in params.lanes:
-        sides = []
-        for side in ("ours", "oracle"):
-            cfg = lane_config(params.side(side), lane)
-            engine = capability(cfg.engine, ForgetsDrafts)
-            if engine is not None and engine.remembers(cfg):
-                sides.append(side)
-        out[lane.name] = sides
-    return out
+    return {lane.name: [side for side in ("ours", "oracle")
+                        if remembering_engine(lane_config(params.side(side), lane)) is not None]
+            for lane in params.lanes}
 
 
 def chunk_evidence(table: pd.DataFrame, lane: str, labels: dict[str, str]) -> str:
