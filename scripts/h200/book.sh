@@ -256,11 +256,13 @@ run_all() {
   say "models: prepare"
   python3 -m specbook models prepare || { say "models: prepare failed"; touch "$STATE/done"; return 1; }
   say "models: ready in $((SECONDS - t0)) s"
-  # opt-in (BOOK_SGLANG_CAPTURE=1): the committed fixtures exist, and a capture costs an SGLang start of device time
-  if [ -n "${SPECBOOK_SGLANG_SITE:-}" ] && [ "${BOOK_SGLANG_CAPTURE:-0}" = 1 ]; then
-    # verbatim SGLang output for the parser tests (tests/fixtures/sglang/), before the runs: one server
-    say "sglang: capture"
-    python3 "$REPO/scripts/sglang/capture.py" "$STATE/sglang-capture" > "$STATE/sglang-capture.txt" 2>&1
+  # opt-in (BOOK_SGLANG_CAPTURE=1): the committed fixtures exist, and a capture costs an SGLang start of device time;
+  # BOOK_SGLANG_CAPTURE=steptimer: the step timer's check instead (capture.py --step-timer: two profiled servers)
+  if [ -n "${SPECBOOK_SGLANG_SITE:-}" ] && [ "${BOOK_SGLANG_CAPTURE:-0}" != 0 ]; then
+    # verbatim SGLang output for the parser tests (tests/fixtures/sglang/), before the runs
+    capture_mode=""; [ "$BOOK_SGLANG_CAPTURE" = steptimer ] && capture_mode=--step-timer
+    say "sglang: capture $capture_mode"
+    python3 "$REPO/scripts/sglang/capture.py" "$STATE/sglang-capture" $capture_mode > "$STATE/sglang-capture.txt" 2>&1
     say "sglang: capture rc=$? in $((SECONDS - t0)) s: $(tail -1 "$STATE/sglang-capture.txt")"
   fi
   cp -r ~/.cache/specbook/models "$STATE/models-meta" 2>/dev/null && find "$STATE/models-meta" -name '*.safetensors' -delete

@@ -10,6 +10,12 @@ teardown), on the embedded SmolLM2-135M-Instruct:
     python3 scripts/sglang/capture.py OUTDIR --graphs  the kit check: a STANDALONE (fp8 draft, k=4) and an NGRAM
                                                        (k=4) server with CUDA graphs, 16 running requests, each
                                                        asked one chat request; their logs
+    python3 scripts/sglang/capture.py OUTDIR --step-timer  the step timer's check on the real engine: the same two
+                                                       servers (1 running request), each started through
+                                                       specbook's launcher and profiled
+                                                       (specbook.measure.costsplit.profiled_pass, 2 prompts): the
+                                                       split (split-NAME.json), its step lines, status files and
+                                                       log (NAME/)
 
 (env: SPECBOOK_SGLANG_SITE, PYTHONPATH with specbook's lib). Everything is written verbatim into OUTDIR; what it
 says is read by the tests, not here (only a summary line per server is printed).
@@ -89,10 +95,32 @@ def graphs(out: Path) -> None:
         print(f"capture --graphs: {name} ready in {ready_s:.0f} s; one request, {tokens} completion tokens")
 
 
+def step_timer(out: Path) -> None:
+    from dataclasses import asdict
+
+    from specbook.measure import costsplit
+    from specbook.serve.client import ChatRequest
+    from specbook.store.runstore import RunContext
+
+    requests = [ChatRequest(prompt_id=f"p{i}", messages=[{"role": "user", "content": text}], max_tokens=128)
+                for i, text in enumerate(PROMPTS[:2])]
+    for name, spec in GRAPH_SERVERS.items():
+        t0 = time.monotonic()
+        split = costsplit.profiled_pass(config(spec, eager=False, running=1), requests, RunContext(out / name),
+                                        name=f"prof-{name}", lane=name)
+        (out / f"split-{name}.json").write_text(json.dumps(asdict(split), indent=1))
+        parts = ", ".join(f"{part} {ms:.3f}" for part, ms in split.parts_ms.items())
+        print(f"capture --step-timer: {name} in {time.monotonic() - t0:.0f} s; {split.steps} decode steps of "
+              f"{split.step_ms:.3f} ms: {parts}; overhead {split.overhead:.3f}")
+
+
+MODES = {"--graphs": graphs, "--step-timer": step_timer}
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    graphs(out) if argv[1:] == ["--graphs"] else capture(out)
+    MODES.get(argv[1] if len(argv) > 1 else "", capture)(out)
     return 0
 
 

@@ -1,5 +1,6 @@
 """Real SGLang (CUDA only) with the embedded model and its int4 draft: the adapter's argv serves, its counters
-agree with SGLang's own per-request counts, its log and start-up lines parse.
+agree with SGLang's own per-request counts, its log and start-up lines parse, and specbook's step timer splits
+its decode step (graphs on) for a draft model and for ngram.
 
 SGLang has no CPU wheel: on a host without a CUDA GPU and SGLang importable (installed, or a folder named by
 $SPECBOOK_SGLANG_SITE, as scripts/sglang/ carries it to the lent GPU) these tests are skipped, saying so. The
@@ -9,6 +10,7 @@ CPU tiers check the same parsers on verbatim output of a real server (tests/unit
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 
@@ -19,8 +21,11 @@ from specbook.engines import EngineConfig, get_engine, launch
 from specbook.engines.sglang import adapter
 from specbook.engines.sglang.logparse import decode_lines_frame
 from specbook.engines.sglang.startup import log_startup_facts
+from specbook.measure import costsplit
 from specbook.models import DRAFT_INT4, TARGET
+from specbook.serve.client import ChatRequest
 from specbook.serve.metrics import scrape
+from specbook.store.runstore import RunContext
 
 K = 4
 
@@ -64,3 +69,23 @@ def test_a_draft_model_server_counts_what_its_responses_report(tmp_path):
     assert facts["speculative_algorithm"] == "STANDALONE" and facts["attention_backend_draft"]
     frame = decode_lines_frame(log.read_text().splitlines())
     assert frame.empty or frame["printed_al"].between(1, K + 1).all()
+
+
+@pytest.mark.parametrize("spec", [{"method": "draft_model", "model": DRAFT_INT4, "num_speculative_tokens": K},
+                                  {"method": "ngram", "num_speculative_tokens": K}], ids=["draft_model", "ngram"])
+def test_the_step_timer_splits_a_graphed_decode_step(tmp_path, spec):
+    run = RunContext(tmp_path / "run")
+    cfg = EngineConfig(engine="sglang", model=TARGET, served_model_name="smollm2", max_num_seqs=1,
+                       speculative_config=spec, extra_args=["--mem-fraction-static", "0.2"])
+    requests = [ChatRequest(prompt_id=f"p{i}", messages=[{"role": "user", "content": text}], max_tokens=128)
+                for i, text in enumerate(PROMPTS[:2])]
+    split = costsplit.profiled_pass(cfg, requests, run, name="prof-sglang", lane=spec["method"])
+    assert split.source == "step_timer" and split.engine == "sglang" and split.steps >= 10
+    assert split.tokens_per_step == 1 + K
+    for part in ("target_forward", "draft", "sampling"):
+        assert split.parts_ms[part] > 0, part
+    assert "CUDA events" in split.note and split.overhead > 0
+    folder = run.run_dir / "profiles" / "prof-sglang"
+    statuses = [json.loads(p.read_text()) for p in folder.glob("sglang-steps-*.status.json")]
+    assert statuses and not any(s["refused"] for s in statuses)
+    assert not (folder / "on").exists()

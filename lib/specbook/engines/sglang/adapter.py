@@ -23,6 +23,8 @@ EngineConfig maps onto `python -m sglang.launch_server` as follows:
                            every request's tokens feed (earlier requests' too): it has no lookup size, so
                            prompt_lookup_max / _min are taken and not mapped, and the set-up table says both.
 Always: --enable-metrics (the counters specbook reads), --log-level info (the decode-batch lines).
+A profiled config ($SPECBOOK_STEP_TIMING_DIR in env, specbook.engines.sglang.profile) starts
+`python .../sglang/launch.py` instead of `-m sglang.launch_server`: the same server with specbook's step timer.
 Refused at params time, naming the field: a speculative method or key it has no mapping for.
 
 Where SGLang is installed apart from specbook's own packages (carried to a GPU host beside vLLM's), the folder
@@ -47,6 +49,7 @@ from specbook.core.versions import dist_version, torch_cuda_version
 from specbook.engines.base import EARLIER_REQUESTS, EngineConfig, SetupFact
 from specbook.engines.common import LOOPBACK, loopback_spec, server_json_field, speculation_facts
 from specbook.engines.registry import register_engine
+from specbook.engines.sglang import profile
 from specbook.models.resolve import resolve_model
 from specbook.serve.server import ServerSpec
 
@@ -165,12 +168,14 @@ class SglangEngine:
     health_path = "/health"
     models_path = "/v1/models"
     version_keys = ("sglang", "sglang-kernel", "torch", "cuda")
+    profiler = profile.SglangStepProfiler()  # the cost split: specbook's step timer in SGLang's scheduler
 
     def refusals(self, cfg: EngineConfig) -> list[str]:
         return speculation_refusals(cfg.speculative_config)
 
     def build_argv(self, cfg: EngineConfig, *, host: str, port: int) -> list[str]:
-        argv = [sys.executable, "-m", LAUNCH_MODULE, "--model-path", resolve_model(cfg.model)]
+        launch = [str(profile.LAUNCHER)] if profile.profiled(cfg) else ["-m", LAUNCH_MODULE]
+        argv = [sys.executable, *launch, "--model-path", resolve_model(cfg.model)]
         argv += ["--served-model-name", cfg.client_model_name(), "--host", host, "--port", str(port)]
         argv += ["--enable-metrics", "--log-level", "info"]
         if cfg.max_num_seqs is not None:

@@ -21,53 +21,38 @@ target forward 0 (costsplit.split_notes says so).
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbook.core.errors import EngineError
+from specbook.engines import steptimer
 from specbook.engines.base import EngineConfig
-from specbook.engines.vllm.trace_plugin import STEP_TIMING_DIR_ENV, STEP_TIMING_SWITCH
+from specbook.engines.common import SwitchedStepTimer
+from specbook.engines.steptimer import STEP_TIMING_DIR_ENV
+from specbook.engines.vllm.trace_plugin import STEP_PREFIX
 
 if TYPE_CHECKING:
     from specbook.serve.logs import LogRange
 
 PARTS = ("target_forward", "draft", "sampling")
-STEPS_GLOB = "vllm-steps-*.jsonl"
-PROFILES_WHOLE_SERVER = False  # the step timer measures only while its switch file exists
-FLUSH_TIMEOUT_S = 10.0  # the engine's writer thread follows the last step by milliseconds
 
 
 def profiled_config(cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
     """`cfg` with specbook's step timer installed in every vLLM process (off until its switch is made)."""
-    if STEP_TIMING_DIR_ENV in cfg.env:
-        raise EngineError(f"profiled pass: the engine config already sets {STEP_TIMING_DIR_ENV} in env")
-    return cfg.model_copy(update={"env": {**cfg.env, STEP_TIMING_DIR_ENV: str(Path(trace_dir).resolve())}})
+    return StepTimerProfiler().profiled_config(cfg, trace_dir)
 
 
 def step_files(trace_dir: Path) -> list[Path]:
-    return sorted(Path(trace_dir).glob(STEPS_GLOB))
+    return steptimer.step_files(trace_dir, STEP_PREFIX)
 
 
 def load_steps(trace_dir: Path) -> list[dict[str, Any]]:
-    """The timed steps of the process that ran the model (the file with the most lines: the engine core, or
-    the first tensor-parallel worker), in order; a torn last line (a process killed mid-write) left out."""
-    best: list[dict[str, Any]] = []
-    for path in step_files(trace_dir):
-        lines = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                lines.append(json.loads(line))
-            except ValueError:
-                continue
-        if len(lines) > len(best):
-            best = lines
-    return best
+    """The timed steps of the process that ran the model (the engine core, or the first tensor-parallel
+    worker), in order; a torn last line left out."""
+    return steptimer.load_steps(trace_dir, STEP_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -93,33 +78,19 @@ class StepSplit:
         return text
 
 
-def is_decode(step: dict[str, Any]) -> bool:
-    """No new request, something scheduled, and at most 1 + k tokens per request."""
-    k = int(step.get("spec_k") or 0)
-    return (int(step.get("new_reqs") or 0) == 0 and int(step.get("tokens") or 0) > 0
-            and int(step.get("max_tokens_per_req") or 0) <= 1 + k)
+is_decode = steptimer.is_decode
 
 
 def reduce_steps(steps: Iterable[dict[str, Any]], source: str = "steps") -> StepSplit:
     """The mean decode step of one process's timed steps, split into target forward, draft, sampling and rest."""
-    steps = sorted(steps, key=lambda s: int(s["t0_ns"]))
-    periods: list[float] = []
-    sums = {part: 0.0 for part in PARTS}
-    seen: set[str] = set()
-    tokens = 0.0
-    for step, nxt in zip(steps, steps[1:], strict=False):
-        if not (is_decode(step) and is_decode(nxt)):
-            continue
-        periods.append((int(nxt["t0_ns"]) - int(step["t0_ns"])) / 1e6)
-        tokens += int(step["tokens"]) / max(int(step["num_reqs"]), 1)
-        for part, ms in (step.get("parts_ms") or {}).items():
-            if part in sums:
-                sums[part] += float(ms)
-                seen.add(part)
-    if not periods:
+    steps = list(steps)
+    means = steptimer.decode_means(steps, PARTS)
+    if not means.steps:
         raise EngineError(f"vLLM step timer {source}: {len(steps)} timed steps, no decode step followed by "
                           f"another (was {STEP_TIMING_DIR_ENV} set at launch and the switch on while requests ran?)")
-    n = len(periods)
+    steps.sort(key=lambda s: int(s["t0_ns"]))
+    sums, seen = means.sums, means.seen
+    n = means.steps
     runner = str(steps[0].get("runner") or "?")
     drafting = any(int(s.get("spec_k") or 0) for s in steps)
     # A part this runner does not time is unknown (NaN), not zero: V2 has no draft bracket, and times its target
@@ -127,45 +98,15 @@ def reduce_steps(steps: Iterable[dict[str, Any]], source: str = "steps") -> Step
     timed_by = {"v2": {"sampling", "target_forward"} & ({"sampling"} | seen)}.get(runner, set(PARTS))
     untimed = tuple(p for p in PARTS if p not in timed_by and (p != "draft" or drafting))
     parts = {p: (math.nan if p in untimed else sums[p] / n) for p in PARTS}
-    step_ms = sum(periods) / n
+    step_ms = means.step_ms
     parts["rest"] = step_ms - sum(v for v in parts.values() if v == v)
     return StepSplit(steps=n, step_ms=step_ms, parts_ms=parts, timer=str(steps[0].get("timer") or "?"),
-                     runner=runner, tokens_per_step=tokens / n, untimed=untimed)
-
-
-def _switch(trace_dir: Path, on: bool) -> None:
-    path = Path(trace_dir) / STEP_TIMING_SWITCH
-    if on:
-        path.write_text("specbook step timer: measuring while this file exists\n")
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _settled_lines(trace_dir: Path, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
-    """Wait until the engine's writer has written every timed step (the line count stops growing)."""
-    deadline = time.monotonic() + timeout_s
-    last = -1
-    while True:
-        now = sum(p.read_bytes().count(b"\n") for p in step_files(trace_dir))
-        if now == last or time.monotonic() > deadline:
-            return now
-        last = now
-        time.sleep(0.2)
-
-
-@contextmanager
-def recording(trace_dir: Path) -> Iterator[None]:
-    """The step timer on for the block (its switch file made, then removed whatever happens)."""
-    _switch(trace_dir, True)
-    try:
-        yield
-    finally:
-        _switch(trace_dir, False)
+                     runner=runner, tokens_per_step=means.tokens_per_step, untimed=untimed)
 
 
 def split(trace_dir: Path) -> StepSplit:
     """The decode steps timed while the switch was on, reduced, once the engine's writer has written them all."""
-    _settled_lines(trace_dir)
+    steptimer.settled_lines(trace_dir, STEP_PREFIX)
     steps = load_steps(trace_dir)
     if not steps:
         status = sorted(Path(trace_dir).glob("vllm-steps-*.status.json"))
@@ -175,17 +116,8 @@ def split(trace_dir: Path) -> StepSplit:
     return reduce_steps(steps, source=str(trace_dir))
 
 
-class StepTimerProfiler:
+class StepTimerProfiler(SwitchedStepTimer):
     """The cost-split capability of the vLLM adapter (specbook.engines.base.StepProfiler)."""
-
-    profiles_whole_server = PROFILES_WHOLE_SERVER
-    flush_wait_s = 0.0  # `split` waits for the writer itself
-
-    def profiled_config(self, cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
-        return profiled_config(cfg, trace_dir)
-
-    def recording(self, trace_dir: Path) -> AbstractContextManager[None]:
-        return recording(trace_dir)
 
     def split(self, cfg: EngineConfig, log: LogRange, trace_dir: Path) -> StepSplit:
         del cfg, log  # the step timer writes its own files

@@ -42,15 +42,17 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from specbook.engines import steptimer
+from specbook.engines.steptimer import STEP_TIMING_DIR_ENV, STEP_TIMING_SWITCH
+
+__all__ = ["STEP_TIMING_DIR_ENV", "STEP_TIMING_SWITCH", "TRACE_DIR_ENV", "TRACE_SWITCH", "register"]
+
 TRACE_DIR_ENV = "SPECBOOK_TRACE_DIR"
 TRACE_SWITCH = "tracing"  # proposals are recorded while TRACE_DIR/tracing exists
-STEP_TIMING_DIR_ENV = "SPECBOOK_STEP_TIMING_DIR"
-STEP_TIMING_SWITCH = "on"  # the step timer measures while DIR/on exists
-STEP_SCHEMA = 1
+STEP_PREFIX = "vllm"  # DIR/vllm-steps-<pid>.jsonl
 SCHEMA = 1
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER_V2_MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -171,131 +173,25 @@ def install(folder: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
-# step timer
+# step timer (specbook.engines.steptimer): vLLM's runners and what a step's record reads from them
 
 
-class _Bracket:
-    """One timed part: host times always, CUDA events where the step timer runs on a GPU."""
-
-    __slots__ = ("part", "t0", "t1", "e0", "e1")
-
-    def __init__(self, part: str, events: Any | None):
-        self.part = part
-        self.t0 = time.perf_counter_ns()
-        self.t1 = self.t0
-        self.e0 = self.e1 = None
-        if events is not None:
-            self.e0, self.e1 = events(enable_timing=True), events(enable_timing=True)
-            self.e0.record()
-
-    def close(self) -> None:
-        if self.e1 is not None:
-            self.e1.record()
-        self.t1 = time.perf_counter_ns()
-
-    def host_ms(self) -> float:
-        return (self.t1 - self.t0) / 1e6
-
-    def device_ms(self) -> float | None:
-        return None if self.e0 is None else float(self.e0.elapsed_time(self.e1))
-
-
-class StepTimer:
-    """This process's step timer: the step in progress, the outermost part open in it, and a writer thread
-    that turns finished steps into lines (waiting for their CUDA events off the engine's thread)."""
-
+class StepTimer(steptimer.StepTimer):
     def __init__(self, folder: Path, *, cuda: bool):
-        import queue
-
-        self.folder = folder
-        self.switch = folder / STEP_TIMING_SWITCH
-        self.pid = os.getpid()
-        self.path = folder / f"vllm-steps-{self.pid}.jsonl"
-        self.timer = "cuda_events" if cuda else "wall_clock"
-        self._events = None
-        if cuda:
-            import torch
-
-            self._events = torch.cuda.Event
-        self.step: dict[str, Any] | None = None
-        self.open_part: _Bracket | None = None
-        self.in_execute = False
-        self._queue: queue.Queue = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="specbook-step-timer", daemon=True)
-        self._writer.start()
-
-    def on(self) -> bool:
-        return os.path.exists(self.switch)
+        super().__init__(folder, cuda=cuda, prefix=STEP_PREFIX)
 
     def begin_step(self, runner: str, scheduler_output: Any, spec_k: int) -> None:
-        self.open_part = None
-        if not self.on():
-            self.step = None
+        if not self.on():  # no dict built for a step that is not timed
+            self.begin({})
             return
         scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
-        self.step = {"runner": runner, "spec_k": spec_k, "num_reqs": len(scheduled),
-                     "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
-                     "new_reqs": len(getattr(scheduler_output, "scheduled_new_reqs", None) or []),
-                     "max_tokens_per_req": max(scheduled.values()) if scheduled else 0,
-                     "whole": _Bracket("step", self._events), "parts": []}
-        self.in_execute = True
-
-    def executed(self) -> None:
-        self.in_execute = False
-
-    def enter(self, part: str, *, in_execute_only: bool = False) -> _Bracket | None:
-        """A part starts, unless no step is timed or another part is open (the outermost one counts);
-        `in_execute_only`: only inside execute_model (a graph replay there is the target's forward)."""
-        if self.step is None or self.open_part is not None or (in_execute_only and not self.in_execute):
-            return None
-        self.open_part = _Bracket(part, self._events)
-        return self.open_part
-
-    def leave(self, bracket: _Bracket | None) -> None:
-        if bracket is None or self.step is None:
-            return
-        bracket.close()
-        self.step["parts"].append(bracket)
-        self.open_part = None
-
-    def end_step(self) -> None:
-        step, self.step, self.open_part = self.step, None, None
-        if step is None:
-            return
-        step["whole"].close()
-        self._queue.put(step)
-
-    def _write_loop(self) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            while True:
-                step = self._queue.get()
-                whole = step.pop("whole")
-                parts = step.pop("parts")
-                if whole.e1 is not None:
-                    whole.e1.synchronize()
-                parts_ms: dict[str, float] = {}
-                host_ms: dict[str, float] = {}
-                for b in parts:
-                    device = b.device_ms()
-                    parts_ms[b.part] = parts_ms.get(b.part, 0.0) + (device if device is not None else b.host_ms())
-                    host_ms[b.part] = host_ms.get(b.part, 0.0) + b.host_ms()
-                fh.write(json.dumps({"schema": STEP_SCHEMA, "pid": self.pid, "timer": self.timer,
-                                     "t0_ns": whole.t0, "host_ms": whole.host_ms(),
-                                     "device_ms": whole.device_ms(), "parts_ms": parts_ms,
-                                     "parts_host_ms": host_ms, **step}) + "\n")
-                fh.flush()
+        self.begin({"runner": runner, "spec_k": spec_k, "num_reqs": len(scheduled),
+                    "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
+                    "new_reqs": len(getattr(scheduler_output, "scheduled_new_reqs", None) or []),
+                    "max_tokens_per_req": max(scheduled.values()) if scheduled else 0})
 
 
-def _timed(timer: StepTimer, part: str, fn: Any, *, in_execute_only: bool = False) -> Any:
-    def wrapper(self, *args, **kwargs):
-        bracket = timer.enter(part, in_execute_only=in_execute_only)
-        try:
-            return fn(self, *args, **kwargs)
-        finally:
-            timer.leave(bracket)
-
-    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-    return wrapper
+_timed = steptimer.timed
 
 
 def _executes(timer: StepTimer, runner: str, fn: Any, *, ends_step: bool) -> Any:

@@ -293,7 +293,8 @@ class _Collection:
             self.units.start(f"{server.name}: profile ({which}, profiled pass)")
             requests = [build_request(params, p) for p in self.prompts[: params.cost_split.num_prompts]]
             assert prof_dir is not None
-            split = costsplit.profile_phase(server, requests, prof_dir, lane=lane.name, engine_label=side.label)
+            split = costsplit.profile_phase(server, requests, prof_dir, lane=lane.name, engine_label=side.label,
+                                            forget=drafts_forgetter(params, server))
             frame = costsplit.splits_frame([split])
             frame.insert(0, "side", which)
             frame.insert(2, "kind", "profile")
