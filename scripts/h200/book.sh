@@ -22,6 +22,8 @@
 #   BOOK_START_BY_S  an experiment not started within this many seconds of the runs' start is skipped
 #                    (default: none); it bounds when the last one starts, not when it ends
 #   SPECBOOK_GIT_SHA optional: the commit the caller means; refused unless it is the one pack.sh exported
+#   BOOK_SGLANG_CAPTURE  0 (default): none; 1: scripts/sglang/capture.py's verbatim capture before the runs;
+#                    steptimer: capture.py --step-timer (SGLang's step timer profiled on two servers); SGLang kit only
 #
 # A file handed back in $OUT is cut into NAME.part-aa, -ab, ... of 15 MiB when larger (the tool brings back
 # files of 16 MiB at most): `cat NAME.part-* > NAME` here. After a llama.cpp CUDA build, its binaries come back
