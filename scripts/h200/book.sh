@@ -262,10 +262,20 @@ run_all() {
   # BOOK_SGLANG_CAPTURE=steptimer: the step timer's check instead (capture.py --step-timer: two profiled servers)
   if [ -n "${SPECBOOK_SGLANG_SITE:-}" ] && [ "${BOOK_SGLANG_CAPTURE:-0}" != 0 ]; then
     # verbatim SGLang output for the parser tests (tests/fixtures/sglang/), before the runs
-    capture_mode=""; [ "$BOOK_SGLANG_CAPTURE" = steptimer ] && capture_mode=--step-timer
-    say "sglang: capture $capture_mode"
-    python3 "$REPO/scripts/sglang/capture.py" "$STATE/sglang-capture" $capture_mode > "$STATE/sglang-capture.txt" 2>&1
-    say "sglang: capture rc=$? in $((SECONDS - t0)) s: $(tail -1 "$STATE/sglang-capture.txt")"
+    capture_mode=""; hooks_rc=0
+    if [ "$BOOK_SGLANG_CAPTURE" = steptimer ]; then
+      capture_mode=--step-timer
+      # first, without a server: does the step timer wrap this SGLang? (seconds; its status in sglang-hooks/)
+      sglpath=$(python3 -c "from specbook.engines.sglang.adapter import site_paths; print(':'.join(site_paths('$SPECBOOK_SGLANG_SITE')))")
+      PYTHONPATH="$sglpath:$PYTHONPATH" python3 "$REPO/scripts/sglang/check_hooks.py" "$STATE/sglang-hooks" > "$STATE/sglang-hooks.txt" 2>&1
+      hooks_rc=$?
+      say "sglang: step timer hooks rc=$hooks_rc: $(tail -1 "$STATE/sglang-hooks.txt")"
+    fi
+    if [ "$hooks_rc" = 0 ]; then
+      say "sglang: capture $capture_mode"
+      python3 "$REPO/scripts/sglang/capture.py" "$STATE/sglang-capture" $capture_mode > "$STATE/sglang-capture.txt" 2>&1
+      say "sglang: capture rc=$? in $((SECONDS - t0)) s: $(tail -1 "$STATE/sglang-capture.txt")"
+    fi
   fi
   cp -r ~/.cache/specbook/models "$STATE/models-meta" 2>/dev/null && find "$STATE/models-meta" -name '*.safetensors' -delete
   for entry in $runs; do
