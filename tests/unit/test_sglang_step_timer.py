@@ -58,11 +58,16 @@ def test_the_launcher_reads_the_same_switch_variable_as_the_timer():
 
 
 class _Mode:
-    def __init__(self, extend: bool):
-        self.extend = extend
+    """SGLang's ForwardMode as far as batch_fields reads it: is_extend() holds for a target verify too."""
+
+    def __init__(self, extend: bool, verify: bool = False):
+        self.extend, self.verify = extend, verify
 
     def is_extend(self) -> bool:
-        return self.extend
+        return self.extend or self.verify
+
+    def is_target_verify(self) -> bool:
+        return self.verify
 
 
 class _Batch:
@@ -78,6 +83,9 @@ def test_a_verify_step_schedules_one_plus_k_tokens_per_request_and_a_prefill_is_
     assert steptimer.is_decode(verify)
     prefill = step_hooks.batch_fields(_Batch(2, extend=True), draft_tokens=5)
     assert prefill["new_reqs"] == 2 and not steptimer.is_decode(prefill)
+    verifying = _Batch(3)
+    verifying.forward_mode = _Mode(extend=False, verify=True)  # NGRAM's batch once its drafts are prepared
+    assert step_hooks.batch_fields(verifying, draft_tokens=5)["new_reqs"] == 0
     off = step_hooks.batch_fields(_Batch(4), draft_tokens=1)
     assert (off["spec_k"], off["tokens"], off["max_tokens_per_req"]) == (0, 4, 1) and steptimer.is_decode(off)
 

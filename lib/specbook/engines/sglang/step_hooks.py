@@ -13,8 +13,8 @@ TpModelWorker's. Its parts, each the outermost open one:
                     pass over the accepted tokens); NGRAMWorker._prepare_for_speculative_decoding (the trie
                     lookup on the host)
     sampling        eagle_sample (verification of the drafts), ModelRunner.sample (speculation off)
-The step's scheduled work: requests in the batch; a prefill (extend) batch counts its requests as new, so it
-is never a decode step; a decode step schedules 1 + k tokens per request (k = speculative_num_draft_tokens - 1).
+The step's scheduled work: requests in the batch; a prefill (an extend that is not a target verify) counts its
+requests as new, so it is never a decode step; a decode step schedules 1 + k tokens per request (k = speculative_num_draft_tokens - 1).
 
 Known API: SGLang 0.5.15.post1 (spec v2 workers). `api_problems` names what a module's source lacks; `install`
 writes it to the status file (DIR/sglang-steps-<pid>.status.json) and leaves that module unpatched.
@@ -69,7 +69,11 @@ def batch_fields(batch: Any, draft_tokens: int) -> dict[str, Any]:
         seq_lens = getattr(batch, "seq_lens", None)
         n = int(len(seq_lens)) if seq_lens is not None else 0
     mode = getattr(batch, "forward_mode", None)
-    extend = bool(getattr(batch, "is_extend_in_batch", False)) or bool(mode is not None and mode.is_extend())
+    # SGLang's ForwardMode.is_extend() is true for TARGET_VERIFY too (a verify pass extends the KV cache): a
+    # prefill is an extend that is not a verify
+    prefill = mode is not None and mode.is_extend() and not (hasattr(mode, "is_target_verify")
+                                                             and mode.is_target_verify())
+    extend = bool(getattr(batch, "is_extend_in_batch", False)) or bool(prefill)
     per_req = max(int(draft_tokens), 1)
     return {"runner": RUNNER, "spec_k": per_req - 1, "num_reqs": n, "new_reqs": n if extend else 0,
             "tokens": n * per_req, "max_tokens_per_req": per_req}
