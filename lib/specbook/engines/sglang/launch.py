@@ -13,14 +13,21 @@ nothing is installed and this is `python -m sglang.launch_server ARGS`.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import runpy
 import sys
-from pathlib import Path
-from types import ModuleType
-from typing import Any
+
+# Run by path, Python puts this file's folder first on sys.path, where its neighbours would shadow top-level
+# modules (profile.py: the standard library's `profile`, which cProfile and torch._dynamo import). Taken off
+# before anything else is imported; a process SGLang spawns inherits the path without it.
+if sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
+import runpy  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import ModuleType  # noqa: E402
+from typing import Any  # noqa: E402
 
 STEP_TIMING_DIR_ENV = "SPECBOOK_STEP_TIMING_DIR"  # specbook.engines.steptimer's (checked by a test)
 SGLANG_MAIN = "sglang.launch_server"
