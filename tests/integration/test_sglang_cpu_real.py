@@ -11,10 +11,10 @@ kernel), so their wrappers are checked on their source here (tests/unit/test_sgl
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from tests.sglang_cpu_site import cpu_site, why_not
 
 from specbook.engines import EngineConfig
 from specbook.engines.sglang import adapter, step_hooks
@@ -24,25 +24,13 @@ from specbook.models import TARGET
 from specbook.serve.client import ChatRequest
 from specbook.store.runstore import RunContext
 
-CPU_SITE = Path(__file__).resolve().parents[2] / ".sglang-cpu" / "site"
-
-
-def _why_not() -> str | None:
-    if os.environ.get(adapter.SITE_ENV):
-        return None
-    if not (CPU_SITE.parent / ".done").exists():
-        return f"no CPU SGLang folder at {CPU_SITE.parent} and ${adapter.SITE_ENV} unset: `make sglang-cpu` builds it"
-    return None
-
-
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(why_not() is not None, reason=str(why_not()))]
 
 PROMPTS = ["Count from 1 to 30, one number per line.", "Write the word 'yes' 20 times."]
 
 
 def test_sglang_cpu_step_timer_splits_the_decode_step_in_its_scheduler(tmp_path, monkeypatch):
-    if not os.environ.get(adapter.SITE_ENV):
-        monkeypatch.setenv(adapter.SITE_ENV, str(CPU_SITE))
+    monkeypatch.setenv(adapter.SITE_ENV, cpu_site())
     run = RunContext(tmp_path / "run")
     cfg = EngineConfig(engine="sglang", model=TARGET, served_model_name="smollm2", max_num_seqs=1, enforce_eager=True,
                        ready_timeout_s=600, extra_args=["--device", "cpu", "--mem-fraction-static", "0.05"])
