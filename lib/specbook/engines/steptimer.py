@@ -96,14 +96,14 @@ class StepTimer:
     def on(self) -> bool:
         return os.path.exists(self.switch)
 
-    def begin(self, fields: dict[str, Any]) -> bool:
-        """A step starts with its scheduled work (runner, spec_k, num_reqs, tokens, new_reqs,
-        max_tokens_per_req), unless the switch is off; whether it is timed."""
+    def begin(self, fields: Any) -> bool:
+        """A step starts, unless the switch is off; whether it is timed. `fields()` gives its scheduled work
+        (runner, spec_k, num_reqs, tokens, new_reqs, max_tokens_per_req), read only for a timed step."""
         self.open_part = None
         if not self.on():
             self.step = None
             return False
-        self.step = {**fields, "whole": Bracket("step", self._events), "parts": []}
+        self.step = {**fields(), "whole": Bracket("step", self._events), "parts": []}
         self.in_execute = True
         return True
 

@@ -111,7 +111,7 @@ class Steps:
             if steps.depth:
                 return fn(self, batch, *args, **kwargs)
             timer = steps.get()
-            timer.begin(batch_fields(batch, draft_tokens_of(self)))
+            timer.begin(lambda: batch_fields(batch, draft_tokens_of(self)))  # read only while timing
             steps.depth += 1
             try:
                 return fn(self, batch, *args, **kwargs)

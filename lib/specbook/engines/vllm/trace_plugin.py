@@ -181,14 +181,14 @@ class StepTimer(steptimer.StepTimer):
         super().__init__(folder, cuda=cuda, prefix=STEP_PREFIX)
 
     def begin_step(self, runner: str, scheduler_output: Any, spec_k: int) -> None:
-        if not self.on():  # no dict built for a step that is not timed
-            self.begin({})
-            return
-        scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
-        self.begin({"runner": runner, "spec_k": spec_k, "num_reqs": len(scheduled),
+        def fields() -> dict[str, Any]:
+            scheduled = dict(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
+            return {"runner": runner, "spec_k": spec_k, "num_reqs": len(scheduled),
                     "tokens": int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0),
                     "new_reqs": len(getattr(scheduler_output, "scheduled_new_reqs", None) or []),
-                    "max_tokens_per_req": max(scheduled.values()) if scheduled else 0})
+                    "max_tokens_per_req": max(scheduled.values()) if scheduled else 0}
+
+        self.begin(fields)
 
 
 _timed = steptimer.timed
