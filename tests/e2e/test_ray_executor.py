@@ -6,7 +6,8 @@
   report.
 - A llama-server SIGKILLed mid-run fails only its unit: the other units finish and are saved, the run ends
   failed naming the unit, and `specbook run --resume` re-runs that unit only.
-- Ctrl-C (SIGINT to the runner) cancels the tasks: the run reads interrupted and no server of it is left.
+- (full tier) Ctrl-C (SIGINT to the runner) cancels the tasks: the run reads interrupted and no server of it is
+  left. The fast tier has Ctrl-C on the local executor (tests/integration/test_harness_faults_real.py).
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def test_a_server_killed_mid_run_fails_only_its_unit_and_resume_reruns_only_it(t
     assert resumed.stderr.count("started on slot") == 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_ray_tasks_and_leaves_no_server(tmp_path):
     # longer units (8 requests of 128 tokens) than the others: both slots' servers surely overlap, even when a
     # loaded host starts one Ray worker late; the run is cut anyway

@@ -20,6 +20,7 @@ from specbook.experiments.cross_engine.guards import (
 )
 from specbook.models import DRAFT_INT4, TARGET
 from specbook.models.weights import compare_with_source_gguf, derive_gguf, weights_proof
+from specbook.serve.logs import wait_for_log
 from specbook.serve.metrics import scrape
 
 pytestmark = pytest.mark.integration
@@ -44,6 +45,9 @@ def _serve(tmp_path, name: str, spec: dict | None) -> tuple[dict[str, dict], dic
     with launch(cfg, name=name, log_path=tmp_path / f"{name}.log") as srv:
         before = scrape(srv.base_url)
         out = {"loop": _chat(srv.base_url, LOOP_PROMPT), "normal": _chat(srv.base_url, NORMAL_PROMPT)}
+        # llama-server's logger writes a request's statistics a moment after its response: wait for both
+        # requests' release lines (written after them), as every measured window does
+        assert wait_for_log(tmp_path / f"{name}.log", 0, lambda text: lc.requests_ended(text) >= 2, 30)
         after = scrape(srv.base_url)
         delta = get_engine("llamacpp").spec_decode_delta(before, after)
         log = (tmp_path / f"{name}.log").read_text()

@@ -277,3 +277,61 @@ def test_a_server_that_cannot_be_launched_ahead_is_left_to_its_unit(tmp_path, mo
     with harness.serve(cfg(), run, "b-ahead") as server:
         assert len(server.measure([req("p0")]).ok_records()) == 1
     assert [(r.name, r.status) for r in run.servers()] == [("b-ahead", "ok")]
+
+
+# ------------------------------------------------------------------ a log written after the response
+
+REQUEST_LOG_ENGINE = "harness-stub-request-log"
+
+
+class RequestLogStubEngine(StubEngine):
+    """The stub as an engine whose log reports each request, a moment after its answer (SummarisesRequestLogs):
+    the line `stub_end_line_after_s` asks the stub for."""
+
+    name = REQUEST_LOG_ENGINE
+
+    def request_log_figures(self, records: pd.DataFrame) -> dict:
+        return {"log_requests": len(records)}
+
+    def requests_logged(self, text: str) -> int:
+        return text.count("stub-engine: request ended")
+
+
+@pytest.fixture()
+def request_log_engine():
+    register_engine(REQUEST_LOG_ENGINE)(RequestLogStubEngine)
+    yield
+    REGISTRY.pop(REQUEST_LOG_ENGINE, None)
+
+
+def late_req(pid: str, after_s: float) -> ChatRequest:
+    return ChatRequest(prompt_id=pid, messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+                       extra_body={"stub_delay_s": 0.005, "stub_end_line_after_s": after_s})
+
+
+def test_a_window_waits_for_the_log_to_show_its_requests_ended_and_the_next_starts_after_them(
+        tmp_path, request_log_engine):
+    run = RunContext(tmp_path / "run")
+    config = cfg().model_copy(update={"engine": REQUEST_LOG_ENGINE})
+    with harness.serve(config, run, "00-late-log") as server:
+        server.send([late_req("warm-up", 0.4)])
+        first = server.measure([late_req(f"p{i}", 0.4) for i in range(3)], concurrency=3)
+        second = server.measure([late_req("q", 0.4)])
+    ended = "stub-engine: request ended"
+    # each window holds the lines of its own requests, written after their answers; none spills over
+    assert first.log_text().count(ended) == 3 and second.log_text().count(ended) == 1
+    log = server.log_path.read_text()
+    assert log[: first.log_start].count(ended) == 1  # the warm-up's, waited for by send
+
+
+def test_a_log_that_never_shows_the_requests_ended_is_said_after_the_bound_and_the_window_kept(
+        tmp_path, request_log_engine, monkeypatch, capsys):
+    monkeypatch.setattr(harness, "LOG_SETTLE_S", 0.3)
+    run = RunContext(tmp_path / "run")
+    config = cfg().model_copy(update={"engine": REQUEST_LOG_ENGINE})
+    with harness.serve(config, run, "00-no-log") as server:
+        window = server.measure([late_req("p0", 0.0), late_req("p1", -1)])
+    assert [r.ok for r in window.records] == [True, True]
+    assert window.log_text().count("stub-engine: request ended") == 1
+    said = capsys.readouterr()
+    assert "its log shows 1 of the 2 answered requests ended after 0.3 s" in said.out + said.err

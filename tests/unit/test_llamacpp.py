@@ -12,6 +12,7 @@ from specbook.engines import EngineConfig, get_engine
 from specbook.engines import llamacpp as lc
 from specbook.engines.llamacpp import adapter
 from specbook.engines.llamacpp import logparse as llama_log
+from specbook.serve.logs import wait_for_log
 from specbook.serve.metrics import MetricsSnapshot
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
@@ -167,6 +168,24 @@ def test_draft_lines_of_a_real_log():
         assert 0 <= row["accepted"] <= row["generated"] and row["rate"] == pytest.approx(
             row["accepted"] / row["generated"], abs=1e-4)
         assert row["mean_len"] >= 1.0
+
+
+@pytest.mark.parametrize("name", ["server-draft.log", "server-ngram.log", "server-off.log"])
+def test_each_request_of_a_real_log_ends_with_its_release_line_after_its_statistics(name, tmp_path):
+    lines = (FIX / name).read_text().splitlines(keepends=True)
+    released = [i for i, line in enumerate(lines) if lc.requests_ended(line)]
+    assert len(released) == lc.requests_ended("".join(lines)) == 2  # two requests, speculation on or off
+    drafted = [i for i, line in enumerate(lines) if "draft acceptance" in line]
+    if name != "server-off.log":  # each request's draft line lies between the previous release and its own
+        assert len(drafted) == 2 and -1 < drafted[0] < released[0] < drafted[1] < released[1]
+    else:
+        assert drafted == []
+    # a window's wait on the count: short while the second release line is unwritten, done once it is
+    log = tmp_path / "server.log"
+    log.write_text("".join(lines[: released[1]]))
+    assert not wait_for_log(log, 0, lambda text: lc.requests_ended(text) >= 2, 0.05)
+    log.write_text("".join(lines))
+    assert wait_for_log(log, 0, lambda text: lc.requests_ended(text) >= 2, 0.05)
 
 
 def test_spec_decode_delta_from_real_metrics_matches_the_log():

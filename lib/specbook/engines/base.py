@@ -327,6 +327,11 @@ class SummarisesRequestLogs(Protocol):
         log_mean_len (the AL it prints), log_accepted_tokens, log_draft_tokens."""
         ...
 
+    def requests_logged(self, text: str) -> int:
+        """How many requests this stretch of its log shows ended (their statistics written in full): a window
+        waits for the count to reach its requests, since the log may be written after the response."""
+        ...
+
 
 class DraftCounts(NamedTuple):
     """Draft tokens and accepted ones as an engine reports them for one request; None where it does not."""

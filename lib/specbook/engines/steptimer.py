@@ -23,7 +23,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,14 +157,20 @@ def step_line(step: dict[str, Any], *, pid: int, timer: str) -> dict[str, Any]:
             "device_ms": whole.device_ms(), "parts_ms": parts_ms, "parts_host_ms": host_ms, **step}
 
 
-def timed(timer: StepTimer, part: str, fn: Any, *, in_execute_only: bool = False) -> Any:
-    """`fn` (a method) with its calls timed as `part` of the step in progress."""
+def timed(timer: StepTimer | Callable[[], StepTimer | None], part: str, fn: Any, *,
+          in_execute_only: bool = False) -> Any:
+    """`fn` (a method) with its calls timed as `part` of the step in progress. `timer` may be a callable giving
+    the process's timer at each call, or None before it has one (SGLang's is made at the scheduler's first step)."""
+    timer_now = timer if callable(timer) else (lambda: timer)
+
     def wrapper(self, *args, **kwargs):
-        bracket = timer.enter(part, in_execute_only=in_execute_only)
+        current = timer_now()
+        bracket = current.enter(part, in_execute_only=in_execute_only) if current is not None else None
         try:
             return fn(self, *args, **kwargs)
         finally:
-            timer.leave(bracket)
+            if bracket is not None:
+                current.leave(bracket)
 
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper

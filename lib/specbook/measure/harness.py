@@ -30,7 +30,7 @@ from specbook.core import errors, progress
 from specbook.core.acceptance import Acceptance
 from specbook.core.errors import ClientError, RunError, ServerDiedError, ServerHungError
 from specbook.serve.client import STALLED
-from specbook.serve.logs import LogRange, log_size, read_log_range
+from specbook.serve.logs import LogRange, log_size, read_log_range, wait_for_log
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 STALL_TIMEOUT_S = 60.0
 _PROGRESS_POLL_S = 0.5
 DEATH_GRACE_S = 2.0  # how long failed requests wait for a dying server's exit status
+# How long a window waits for the engine's log to show its answered requests ended (written after the response).
+LOG_SETTLE_S = 10.0
 _T = TypeVar("_T")
 
 
@@ -167,9 +169,12 @@ class Server:
     def send(self, requests: Sequence[ChatRequest], *, concurrency: int = 1,
              stall_timeout_s: float = STALL_TIMEOUT_S) -> list[RequestRecord]:
         """Requests outside any window (warm-up): not measured, but bounded as a window is: a server that
-        died or stopped making progress raises ServerDiedError / ServerHungError within `stall_timeout_s`."""
+        died or stopped making progress raises ServerDiedError / ServerHungError within `stall_timeout_s`.
+        Like a window, it returns once the log shows the answered requests ended, so that what the engine
+        writes of them falls before the next window's start."""
         from specbook.serve.client import run_requests_sync
 
+        log_start = log_size(self.log_path)
         try:
             records = run_requests_sync(self.base_url, self.model_name, requests, concurrency=concurrency,
                                         stall_timeout_s=stall_timeout_s, progress=False)
@@ -177,6 +182,7 @@ class Server:
             self._check_alive(getattr(exc, "records", []), stall_timeout_s, "while answering unmeasured requests")
             raise
         self._check_alive(records, stall_timeout_s, "while answering unmeasured requests")
+        self._wait_for_request_log(log_start, sum(1 for r in records if r.error is None))
         return records
 
     def post_raw(self, request: ChatRequest, timeout_s: float = 600,
@@ -270,10 +276,15 @@ class Server:
                 log_path=str(self.log_path), log_tail=self.managed.log_tail(),
             )
 
-    def window(self, send: Callable[[], _T], *, flush_wait_s: float = 0.0) -> Measured[_T]:
-        """The one measurement window: the log's end and a /metrics snapshot, `send()`, `flush_wait_s` for the
-        engine to write what it reports of the requests (its last log interval, its statistics), a second
-        snapshot. What `send` returned, with the window's counters, wall time and log range."""
+    def window(self, send: Callable[[], _T], *, flush_wait_s: float = 0.0,
+               answered: Callable[[_T], int] | None = None) -> Measured[_T]:
+        """The one measurement window: the log's end and a /metrics snapshot, `send()`, a wait for the engine
+        to write what it reports of the requests, a second snapshot. What `send` returned, with the window's
+        counters, wall time and log range.
+
+        The wait: where the engine's log reports each request (SummarisesRequestLogs) and `answered(result)`
+        says how many requests were answered, until the log shows that many ended (bounded by LOG_SETTLE_S);
+        then `flush_wait_s` (an engine that reports at intervals writes its last one meanwhile)."""
         from specbook.serve.metrics import scrape
 
         log_start = log_size(self.log_path)
@@ -281,11 +292,26 @@ class Server:
         t0 = time.monotonic()
         result = send()
         wall = time.monotonic() - t0
+        if answered is not None:
+            self._wait_for_request_log(log_start, answered(result))
         if flush_wait_s > 0:
             time.sleep(flush_wait_s)
         after = scrape(self.base_url)
         counters = self.engine.spec_decode_delta(before, after, self.model_name, cfg=self.cfg)
         return Measured(result, wall, counters, self.log_path, log_start, log_size(self.log_path))
+
+    def _wait_for_request_log(self, log_start: int, answered: int) -> None:
+        """Until the log from `log_start` shows `answered` requests ended, where the engine's log reports each
+        request; a log still short after LOG_SETTLE_S is said on the console (its figures then miss requests)."""
+        from specbook.engines.base import SummarisesRequestLogs
+
+        if answered <= 0 or not isinstance(self.engine, SummarisesRequestLogs):
+            return
+        logged = self.engine.requests_logged
+        if not wait_for_log(self.log_path, log_start, lambda text: logged(text) >= answered, LOG_SETTLE_S):
+            ended = logged(read_log_range(self.log_path, log_start))
+            progress.note(f"{self.name}: its log shows {ended} of the {answered} answered requests ended after "
+                          f"{LOG_SETTLE_S:g} s; the log's per-request figures miss the rest")
 
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,
                 stall_timeout_s: float = STALL_TIMEOUT_S, client_processes: int | str = 1) -> Window:
@@ -319,7 +345,8 @@ class Server:
             self._note_window(records, wall, host_load, client_cpu)
             return records, host_load, wall, client_cpu
 
-        measured = self.window(send, flush_wait_s=flush_wait_s)
+        measured = self.window(send, flush_wait_s=flush_wait_s,
+                               answered=lambda result: sum(1 for r in result[0] if r.error is None))
         records, host_load, wall, client_cpu = measured.result
         return Window(self.name, records, wall, measured.counters, self.log_path, measured.log_start,
                       measured.log_end, self.engine, host_load, client_cpu)

@@ -55,7 +55,8 @@ def trace_pass(server: Server, requests: Sequence[ChatRequest], trace_dir: str |
     method = spec.get("method") or ("draft_model" if spec.get("model") else None)
     sent = [req.model_copy(update={"extra_body": {**req.extra_body, **tracer.extra_body}}) for req in requests]
     with tracer.recording(Path(trace_dir)):  # on for this pass only where the engine switches it at run time
-        window = server.window(lambda: [server.post_raw(req) for req in sent], flush_wait_s=flush_wait_s)
+        window = server.window(lambda: [server.post_raw(req) for req in sent], flush_wait_s=flush_wait_s,
+                               answered=len)
     counters = window.acceptance
     engine = server.cfg.engine
     try:

@@ -3,9 +3,13 @@ by its last lines."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+_LOG_POLL_S = 0.02
 
 
 def log_size(path: Path) -> int:
@@ -25,6 +29,17 @@ def read_log_range(path: Path, start: int, end: int | None = None) -> str:
     except OSError:
         return ""
     return data.decode("utf-8", errors="replace")
+
+
+def wait_for_log(path: Path, start: int, written: Callable[[str], bool], timeout_s: float) -> bool:
+    """Wait until the log's bytes from `start` satisfy `written` (an engine's report of the requests it ended,
+    which its logger may write a moment after the response); False if `timeout_s` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while not written(read_log_range(path, start)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_LOG_POLL_S)
+    return True
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from specbook.engines.llamacpp.adapter import (
     resolve_gguf,
     speculative_args,
 )
-from specbook.engines.llamacpp.logparse import draft_lines_frame, parse_draft_lines
+from specbook.engines.llamacpp.logparse import draft_lines_frame, parse_draft_lines, requests_ended
 
 __all__ = [
     "BINARY_ENV",
@@ -27,6 +27,7 @@ __all__ = [
     "draft_lines_frame",
     "libraries_sha256",
     "parse_draft_lines",
+    "requests_ended",
     "resolve_gguf",
     "speculative_args",
 ]

@@ -357,6 +357,12 @@ class LlamaCppEngine:
             "log_draft_tokens": float(records["draft_tokens"].sum()) if len(records) else None,
         }
 
+    def requests_logged(self, text: str) -> int:
+        """Requests released in this stretch of the log (each one's draft statistics line comes before)."""
+        from specbook.engines.llamacpp.logparse import requests_ended
+
+        return requests_ended(text)
+
     def response_draft_counts(self, body: Mapping[str, Any]) -> DraftCounts:
         """A non-streamed response's `timings`: draft_n drafted, draft_n_accepted accepted."""
         timings = body.get("timings") or {}

@@ -41,6 +41,16 @@ _DRAFT_LINE = re.compile(
     rf"(?:, mean len =\s*(?P<mean_len>{_DECIMAL}))?"
 )
 
+# The last line llama-server writes of a request, after its timings and draft statistics (server_slot::release):
+#     slot      release: id  1 | task 0 | stop processing: n_tokens = 169, truncated = 0
+_RELEASE_LINE = re.compile(r"\bslot +release: id +\d+ \| task +-?\d+ \| stop processing:")
+
+
+def requests_ended(text: str) -> int:
+    """How many requests this stretch of the log shows released (their statistics lines written before)."""
+    return len(_RELEASE_LINE.findall(text))
+
+
 # Signatures of llama-server's log lines (searched in each of a file's first lines; see specbook.ingest).
 LOG_SIGNATURES: list[re.Pattern[str]] = [
     re.compile(r"llama_model_loader|llama_context|llama_server|ggml_|common_params|common_speculative"),

@@ -158,7 +158,7 @@ class LogStatisticsProfiler:
     """The cost-split capability of the llama.cpp adapter (specbook.engines.base.StepProfiler)."""
 
     profiles_whole_server = PROFILES_WHOLE_SERVER
-    flush_wait_s = 0.5  # the statistics line follows the response by a few ms
+    flush_wait_s = 0.0  # the window waits for each request's release line, written after its statistics
 
     def profiled_config(self, cfg: EngineConfig, trace_dir: Path) -> EngineConfig:
         return profiled_config(cfg, trace_dir)

@@ -125,19 +125,7 @@ class Steps:
 
     def part(self, part: str, fn: Any) -> Any:
         """`fn` (a method) timed as `part` of the step in progress (none before the first step)."""
-        steps = self
-
-        def wrapper(self, *args, **kwargs):
-            timer = steps.timer
-            bracket = timer.enter(part) if timer is not None else None
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                if bracket is not None:
-                    timer.leave(bracket)
-
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-        return wrapper
+        return self.st.timed(lambda: self.timer, part, fn)
 
     def function_part(self, part: str, fn: Any) -> Any:
         """`fn` (a module-level function) timed as `part`."""
