@@ -335,3 +335,19 @@ def test_a_log_that_never_shows_the_requests_ended_is_said_after_the_bound_and_t
     assert window.log_text().count("stub-engine: request ended") == 1
     said = capsys.readouterr()
     assert "its log shows 1 of the 2 answered requests ended after 0.3 s" in said.out + said.err
+
+
+def test_a_log_that_reports_no_request_end_is_said_once_and_not_waited_for_again(
+        tmp_path, request_log_engine, monkeypatch, capsys):
+    monkeypatch.setattr(harness, "LOG_SETTLE_S", 0.3)
+    waits = []
+    real_wait = harness.wait_for_log
+    monkeypatch.setattr(harness, "wait_for_log", lambda *a, **k: waits.append(a) or real_wait(*a, **k))
+    run = RunContext(tmp_path / "run")
+    config = cfg().model_copy(update={"engine": REQUEST_LOG_ENGINE})
+    with harness.serve(config, run, "00-silent-log") as server:
+        windows = [server.measure([late_req(f"p{i}", -1)]) for i in range(3)]
+    assert all(w.records[0].ok for w in windows) and len(waits) == 1
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert text.count("its log shows no request ended (1 answered") == 1, text

@@ -145,6 +145,9 @@ class Server:
         self.cfg = cfg
         self.versions = versions
         self.run = run  # where each window's host load is recorded (data/host_load.jsonl)
+        # False once the log showed no request ended after a wait (a verbosity that leaves those lines out):
+        # later windows do not wait for them again
+        self._log_reports_requests = True
 
     @property
     def name(self) -> str:
@@ -305,13 +308,20 @@ class Server:
         request; a log still short after LOG_SETTLE_S is said on the console (its figures then miss requests)."""
         from specbook.engines.base import SummarisesRequestLogs
 
-        if answered <= 0 or not isinstance(self.engine, SummarisesRequestLogs):
+        if answered <= 0 or not self._log_reports_requests or not isinstance(self.engine, SummarisesRequestLogs):
             return
         logged = self.engine.requests_logged
-        if not wait_for_log(self.log_path, log_start, lambda text: logged(text) >= answered, LOG_SETTLE_S):
-            ended = logged(read_log_range(self.log_path, log_start))
-            progress.note(f"{self.name}: its log shows {ended} of the {answered} answered requests ended after "
-                          f"{LOG_SETTLE_S:g} s; the log's per-request figures miss the rest")
+        if wait_for_log(self.log_path, log_start, lambda text: logged(text) >= answered, LOG_SETTLE_S):
+            return
+        ended = logged(read_log_range(self.log_path, log_start))
+        if ended == 0 and logged(read_log_range(self.log_path, 0)) == 0:
+            self._log_reports_requests = False
+            progress.note(f"{self.name}: its log shows no request ended ({answered} answered; its log verbosity "
+                          "may leave those lines out): the log's per-request figures are empty, and later windows "
+                          "do not wait for them")
+            return
+        progress.note(f"{self.name}: its log shows {ended} of the {answered} answered requests ended after "
+                      f"{LOG_SETTLE_S:g} s; the log's per-request figures miss the rest")
 
     def measure(self, requests: Sequence[ChatRequest], *, concurrency: int = 1, flush_wait_s: float = 0.0,
                 stall_timeout_s: float = STALL_TIMEOUT_S, client_processes: int | str = 1) -> Window:
