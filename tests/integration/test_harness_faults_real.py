@@ -160,8 +160,10 @@ def test_contention_is_flagged_and_a_hang_outside_the_window_fails_within_the_st
     from specbook.serve import hostload
 
     run = RunContext(tmp_path / "run")
+    # one compute thread: beside the busy process, two would wait on each other at every step (the window then
+    # takes from 20 s to a minute on a 2-core host instead of seconds)
     cfg = EngineConfig(engine="llamacpp", model=TARGET, served_model_name="smollm2", max_num_seqs=1,
-                       extra_args=["-t", "2"])
+                       extra_args=["-t", "1"])
     short = [ChatRequest(prompt_id=f"s{i}", messages=[{"role": "user", "content": PROMPT}], max_tokens=24)
              for i in range(2)]
     times: dict[str, float] = {}
