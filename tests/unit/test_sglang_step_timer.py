@@ -309,7 +309,7 @@ def test_the_profiled_pass_empties_a_remembering_drafter_before_each_request_of_
                 with open(tmp_path / "sglang-steps-1.jsonl", "a") as fh:
                     fh.write(json.dumps(step) + "\n")
 
-        def window(self, fn, flush_wait_s, answered=None):
+        def window(self, fn, flush_wait_s):
             fn()
             return Window()
 

@@ -164,7 +164,7 @@ def profile_phase(server: Any, requests: Sequence[ChatRequest], trace_dir: Path,
     send()
     unprofiled = time.monotonic() - t0
     with profiler.recording(trace_dir):
-        window = server.window(send, flush_wait_s=profiler.flush_wait_s, answered=lambda _: len(requests))
+        window = server.window(send, flush_wait_s=profiler.flush_wait_s)  # Server.send waits for the log
     split = profiler.split(server.cfg, window.log, trace_dir)
     profiled = window.wall_s
     overhead = math.nan if profiler.profiles_whole_server or unprofiled <= 0 else profiled / unprofiled
